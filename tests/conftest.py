@@ -1,0 +1,103 @@
+"""Shared fixtures: a tiny local transformer, a generated NER corpus, a trained
+transformer + ner pipeline. Everything is built locally; nothing is downloaded."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import spacy  # noqa: E402
+from spacy.tokens import DocBin  # noqa: E402
+from spacy.training import Example  # noqa: E402
+
+from spacy_lean import synthetic  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False, help="run slow tests")
+
+
+def pytest_configure(config):
+    # torch's default of one thread per core oversubscribes a 2-core CI machine.
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_cuda = False
+    skip_slow = pytest.mark.skip(reason="slow test: run with --slow")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--slow"):
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_transformer(tmp_path_factory):
+    """Folder of a random-init 2-layer, 32-wide BERT with a WordPiece vocab trained
+    on generated sentences. Use it as `name = "<folder>"` in configs."""
+    return synthetic.make_tiny_transformer(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def blank_nlp():
+    return spacy.blank("en")
+
+
+@pytest.fixture(scope="session")
+def ner_docs(blank_nlp):
+    """60 generated multi-sentence NER docs (long-tailed lengths, 4 labels)."""
+    return synthetic.make_ner_docs(blank_nlp, 60, seed=1)
+
+
+@pytest.fixture(scope="session")
+def ner_corpus(tmp_path_factory):
+    """Paths of a generated train (80 docs) and dev (40 docs) .spacy corpus."""
+    root = tmp_path_factory.mktemp("ner_corpus")
+    train = synthetic.write_ner_corpus(root / "train.spacy", 80, seed=2)
+    dev = synthetic.write_ner_corpus(root / "dev.spacy", 40, seed=3)
+    return {"train": train, "dev": dev, "dir": root}
+
+
+@pytest.fixture(scope="session")
+def trf_ner_config(tiny_transformer):
+    """The transformer + ner config text (see `synthetic.TRF_NER_CONFIG`) pointing at
+    the tiny transformer."""
+    return synthetic.TRF_NER_CONFIG.replace(
+        "transformer = null", f'transformer = "{tiny_transformer}"', 1
+    )
+
+
+@pytest.fixture(scope="session")
+def trf_ner_dir(tmp_path_factory, tiny_transformer, blank_nlp):
+    """A transformer + ner pipeline, trained for a few steps, saved to disk."""
+    train_docs = synthetic.make_ner_docs(blank_nlp, 40, seed=4)
+    nlp = synthetic.build_trf_ner_pipeline(tiny_transformer, train_docs, n_steps=8)
+    path = tmp_path_factory.mktemp("trf_ner") / "model"
+    nlp.to_disk(path)
+    return path
+
+
+@pytest.fixture
+def trf_ner_nlp(trf_ner_dir):
+    """A fresh copy of the trained transformer + ner pipeline (safe to modify)."""
+    return spacy.load(trf_ner_dir)
+
+
+@pytest.fixture(scope="session")
+def dev_examples(blank_nlp):
+    """Generated gold examples for evaluation (fresh predicted docs)."""
+    docs = synthetic.make_ner_docs(blank_nlp, 30, seed=5)
+    return [Example(blank_nlp.make_doc(d.text), d) for d in docs]
