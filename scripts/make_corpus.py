@@ -1,0 +1,170 @@
+"""Make the project's NER corpus: train, dev and test .spacy files.
+
+The default dataset, "generated", writes a synthetic corpus with spacy-lean's
+generator (multi-sentence documents, long-tailed lengths, 4 entity types, a few
+very long documents), so the project runs offline. "conll2003" and "wnut17"
+convert the optional assets (fetch them first with
+`spacy project assets --extra`); any other value is read as a directory that
+holds train/dev/test files, either .spacy or CoNLL/IOB columns.
+"""
+import hashlib
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+import typer
+from spacy.tokens import Doc, DocBin
+from spacy.training.converters import conll_ner_to_docs
+from wasabi import msg
+
+from spacy_lean.synthetic import write_ner_corpus
+
+SPLITS = ("train", "dev", "test")
+# Files of the optional project assets, by dataset and split (see project.yml),
+# with the size and SHA-256 of the files at the pinned URLs.
+ASSET_FILES = {
+    "conll2003": {
+        "train": "assets/conll2003/train.txt",
+        "dev": "assets/conll2003/valid.txt",
+        "test": "assets/conll2003/test.txt",
+    },
+    "wnut17": {
+        "train": "assets/wnut17/wnut17train.conll",
+        "dev": "assets/wnut17/emerging.dev.conll",
+        "test": "assets/wnut17/emerging.test.annotated",
+    },
+}
+ASSET_SHA256 = {
+    "assets/conll2003/train.txt": (3283418, "c99b26852dabf57ca9d30a0e892b84544cc8962003151e14a71077c55dc66db5"),
+    "assets/conll2003/valid.txt": (827441, "f1f6469322876887de1d04acd43c59b02f59d5b02acf42c027132fa1bf349cb2"),
+    "assets/conll2003/test.txt": (748093, "82e0c72d262f86ad3e78b15c5d980bbf87cb205aa4bf6d2d97643f463f8d7ff7"),
+    "assets/wnut17/wnut17train.conll": (493781, "731820e13f71af324c6b55a1575ec2ce59fbaa2a0806f8f0400b98d56cd6a7a5"),
+    "assets/wnut17/emerging.dev.conll": (114749, "e053b752b8155113ca66e7db08af5f2f5f43ab993694e4774f1ec5bad42312d8"),
+    "assets/wnut17/emerging.test.annotated": (192425, "2aa79b764e56ec9264a1b30fdd9b70195bd00ff400b62edd8f399d5f13c178f0"),
+}
+# What spaCy's CoNLL converter takes as a document boundary.
+DOC_DELIMITER = "-DOCSTART- -X- O O"
+COLUMN_SUFFIXES = (".iob", ".iob2", ".conll", ".txt", ".tsv", ".annotated")
+
+
+def main(
+    dataset: str = typer.Argument(..., help="'generated', 'conll2003', 'wnut17' or a directory"),
+    output_dir: Path = typer.Argument(..., help="Where to write {train,dev,test}.spacy"),
+    n_train: int = typer.Option(800, "--n-train", help="Generated train documents"),
+    n_dev: int = typer.Option(150, "--n-dev", help="Generated dev documents"),
+    n_test: int = typer.Option(150, "--n-test", help="Generated test documents"),
+    long_doc_rate: float = typer.Option(0.03, "--long-doc-rate", help="Share of very long generated documents"),
+    n_sents: int = typer.Option(10, "--n-sents", help="Sentences per document when converting files without -DOCSTART-"),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the generator"),
+    lang: str = typer.Option("en", "--lang", help="Language of the generated corpus"),
+):
+    """Write train/dev/test .spacy files and corpus statistics (stats.json)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    outputs = {split: output_dir / f"{split}.spacy" for split in SPLITS}
+    if dataset == "generated":
+        sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+        for i, split in enumerate(SPLITS):
+            if sizes[split] < 1:
+                msg.fail(f"--n-{split} must be >= 1, got {sizes[split]}", exits=1)
+            write_ner_corpus(
+                outputs[split], sizes[split], seed=seed + i, lang=lang, long_doc_rate=long_doc_rate
+            )
+    else:
+        sources = _find_sources(dataset)
+        for split in SPLITS:
+            _convert(sources[split], outputs[split], n_sents)
+    stats = {split: _stats(outputs[split]) for split in SPLITS}
+    stats["dataset"] = dataset
+    (output_dir / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf8")
+    for split in SPLITS:
+        s = stats[split]
+        msg.good(
+            f"{split}: {s['docs']} docs, {s['tokens']} tokens, {s['ents']} entities, "
+            f"longest doc {s['max_doc_tokens']} tokens -> {outputs[split]}"
+        )
+
+
+def _find_sources(dataset: str) -> Dict[str, Path]:
+    if dataset in ASSET_FILES:
+        sources = {split: Path(path) for split, path in ASSET_FILES[dataset].items()}
+        missing = [str(p) for p in sources.values() if not p.exists()]
+        if missing:
+            msg.fail(
+                f"Dataset '{dataset}' needs the optional assets {', '.join(missing)}",
+                "Fetch them with: python -m spacy project assets --extra "
+                "(needs network access), then run this step again.",
+                exits=1,
+            )
+        for path in ASSET_FILES[dataset].values():
+            _check_asset(path)
+        return sources
+    root = Path(dataset)
+    if not root.is_dir():
+        msg.fail(
+            f"Unknown dataset '{dataset}'",
+            "Use 'generated', 'conll2003', 'wnut17' or a directory with train/dev/test "
+            ".spacy (or CoNLL/IOB) files.",
+            exits=1,
+        )
+    sources = {}
+    for split in SPLITS:
+        names = [split] + (["valid", "validation"] if split == "dev" else [])
+        found = [
+            p for p in sorted(root.iterdir())
+            if p.stem in names and (p.suffix == ".spacy" or p.suffix in COLUMN_SUFFIXES)
+        ]
+        if not found:
+            msg.fail(f"No {split} file in {root} (expected e.g. {split}.spacy or {split}.iob)", exits=1)
+        sources[split] = found[0]
+    return sources
+
+
+def _check_asset(path: str) -> None:
+    """Warn when an asset is not the file the project lists (another copy may be fine)."""
+    size, sha256 = ASSET_SHA256[path]
+    data = Path(path).read_bytes()
+    if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+        msg.warn(
+            f"{path} differs from the listed asset ({size} bytes, sha256 {sha256[:12]}...): "
+            "results will not be comparable with published ones."
+        )
+    else:
+        msg.good(f"Checked {path} (sha256 {sha256[:12]}...)")
+
+
+def _convert(source: Path, output: Path, n_sents: int) -> None:
+    if source.suffix == ".spacy":
+        if source.resolve() != output.resolve():
+            shutil.copyfile(source, output)
+        return
+    text = source.read_text(encoding="utf8")
+    # CoNLL-2003 files write the boundary with 4 columns ("-DOCSTART- -X- -X- O");
+    # spaCy's converter only knows its own spelling of it.
+    lines = [DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln for ln in text.split("\n")]
+    docs = conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True)
+    DocBin(docs=docs, store_user_data=True).to_disk(output)
+
+
+def _stats(path: Path) -> Dict[str, object]:
+    from spacy.vocab import Vocab
+
+    lengths: List[int] = []
+    labels: Counter = Counter()
+    for doc in DocBin().from_disk(path).get_docs(Vocab()):
+        lengths.append(len(doc))
+        labels.update(ent.label_ for ent in doc.ents)
+    lengths.sort()
+    return {
+        "docs": len(lengths),
+        "tokens": sum(lengths),
+        "ents": sum(labels.values()),
+        "ents_per_label": dict(sorted(labels.items())),
+        "median_doc_tokens": lengths[len(lengths) // 2] if lengths else 0,
+        "max_doc_tokens": lengths[-1] if lengths else 0,
+    }
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,142 @@
+"""Pipeline component `char_lm`: Flair-style character-LM vectors on your docs.
+
+    nlp.add_pipe("char_lm", config={"model": {
+        "forward_lm": "lm/forward.pt", "backward_lm": "lm/backward.pt"}})
+    doc = nlp("Ada met Tomas in Port Ambrel.")
+    doc.tensor.shape  # (n_tokens, forward width + backward width)
+
+Each doc gets a compact copy of just its own rows, so nothing it keeps refers to the
+batch's LM hidden states (or to the other docs of the batch).
+"""
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, List, Optional, Union
+
+import srsly
+from spacy.language import Language
+from spacy.pipeline import Pipe
+from spacy.tokens import Doc
+from spacy.training import Example
+from spacy.util import SimpleFrozenList, minibatch
+from thinc.api import Config, Model
+from thinc.types import Floats2d
+
+from .layer import get_pair
+
+DEFAULT_CHAR_LM_CONFIG = """
+[char_lm]
+store = "tensor"
+
+[char_lm.model]
+@architectures = "spacy-lean.CharLMEmbed.v1"
+forward_lm = null
+backward_lm = null
+fine_tune = false
+with_whitespace = true
+tokenized_lm = true
+is_lower = false
+batch_size = 32
+threads = null
+concurrent = false
+"""
+DEFAULT_CHAR_LM_MODEL = Config().from_str(DEFAULT_CHAR_LM_CONFIG)["char_lm"]
+
+
+@Language.factory(
+    "char_lm",
+    default_config=DEFAULT_CHAR_LM_MODEL,
+    assigns=["doc.tensor"],
+)
+def make_char_lm(nlp: Language, name: str, model: Model, store: str) -> "CharLMComponent":
+    """Create a `char_lm` component.
+
+    model (Model[List[Doc], List[Floats2d]]): the embedding model, by default
+        `spacy-lean.CharLMEmbed.v1` (set `forward_lm`/`backward_lm` to checkpoint paths).
+    store (str): "tensor" for `doc.tensor`, or the name of a Doc extension
+        (`doc._.<store>`, registered if needed).
+    """
+    return CharLMComponent(nlp.vocab, model, name=name, store=store)
+
+
+class CharLMComponent(Pipe):
+    """Sets character-LM token vectors on docs (`doc.tensor` or an extension)."""
+
+    def __init__(self, vocab, model: Model, name: str = "char_lm", *, store: str = "tensor"):
+        if not isinstance(store, str) or not store:
+            raise ValueError(
+                f"store must be 'tensor' or the name of a Doc extension, got {store!r}"
+            )
+        if store != "tensor" and not store.isidentifier():
+            raise ValueError(f"store must be a valid extension name, got {store!r}")
+        self.vocab = vocab
+        self.model = model
+        self.name = name
+        self.store = store
+        self.cfg = {"store": store}
+        if store != "tensor" and not Doc.has_extension(store):
+            Doc.set_extension(store, default=None)
+
+    def __call__(self, doc: Doc) -> Doc:
+        self.set_annotations([doc], self.predict([doc]))
+        return doc
+
+    def pipe(self, stream: Iterable[Doc], *, batch_size: int = 128) -> Iterator[Doc]:
+        for docs in minibatch(stream, size=batch_size):
+            self.set_annotations(docs, self.predict(docs))
+            yield from docs
+
+    def predict(self, docs: List[Doc]) -> List[Floats2d]:
+        """The vectors of the docs' tokens (views of one compact batch array)."""
+        self._ensure_initialized()
+        return self.model.predict(docs)
+
+    def set_annotations(self, docs: List[Doc], vectors: List[Floats2d]) -> None:
+        """Store a compact copy of each doc's rows on the doc."""
+        for doc, rows in zip(docs, vectors):
+            own = rows.copy()
+            if self.store == "tensor":
+                doc.tensor = own
+            else:
+                doc._.set(self.store, own)
+
+    def initialize(
+        self,
+        get_examples: Optional[Callable[[], Iterable[Example]]] = None,
+        *,
+        nlp: Optional[Language] = None,
+    ) -> None:
+        """Load the LMs from the checkpoint paths in the model's settings."""
+        self.model.initialize()
+
+    def _ensure_initialized(self) -> None:
+        if not get_pair(self.model).is_loaded:
+            # Convenience for `nlp.add_pipe(...)` followed by `nlp(text)`: read the
+            # checkpoints on first use, as `initialize` would.
+            self.model.initialize()
+
+    @property
+    def width(self) -> int:
+        return get_pair(self.model).width
+
+    def to_bytes(self, *, exclude=SimpleFrozenList()) -> bytes:
+        return srsly.msgpack_dumps({"cfg": self.cfg, "model": self.model.to_bytes()})
+
+    def from_bytes(self, bytes_data: bytes, *, exclude=SimpleFrozenList()) -> "CharLMComponent":
+        msg = srsly.msgpack_loads(bytes_data)
+        self.cfg.update(msg.get("cfg", {}))
+        self.model.from_bytes(msg["model"])
+        return self
+
+    def to_disk(self, path: Union[str, Path], *, exclude=SimpleFrozenList()) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        srsly.write_json(path / "cfg", self.cfg)
+        self.model.to_disk(path / "model")
+
+    def from_disk(
+        self, path: Union[str, Path], *, exclude=SimpleFrozenList()
+    ) -> "CharLMComponent":
+        path = Path(path)
+        if (path / "cfg").exists():
+            self.cfg.update(srsly.read_json(path / "cfg"))
+        self.model.from_disk(path / "model")
+        return self

@@ -1,0 +1,610 @@
+"""Training a character language model (forward or backward), lean and resumable.
+
+The text is encoded once into a memory-mapped id file (`loader.encode_texts`) and
+read as parallel streams by `CharLMLoader` (truncated BPTT, the hidden state carried
+from batch to batch). A run writes into its output directory:
+
+- `lm.pt`: the model, a Flair-format `LanguageModel` checkpoint (`CharLM.save`),
+  usable by `FlairEmbeddings`, `CharLM.load` and spacy-lean's `char_lm` component;
+- `training_state.pt`: what a resumed run needs beyond the model: optimizer state,
+  loader position, the hidden state of every stream, the step and the settings;
+- `corpus/`: the encoded text (`ids.bin`, `ids.json`), reused when it still matches.
+
+Started by `torchrun` (environment `RANK`, `WORLD_SIZE`, `LOCAL_RANK`), or inside
+an initialised `torch.distributed` process group, the model is wrapped in
+`DistributedDataParallel` (nccl on GPUs, gloo on CPU) and each worker reads its own
+share of the streams. The loader state and the hidden states are saved for all
+streams, so a checkpoint resumes on any number of workers that divides the number
+of streams.
+"""
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch.nn import functional as F
+
+from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts
+from .model import CharDictionary, CharLM
+
+PathLike = Union[str, Path]
+Hidden = Tuple[torch.Tensor, ...]
+
+MODEL_FILE = "lm.pt"
+BEST_MODEL_FILE = "best-lm.pt"
+STATE_FILE = "training_state.pt"
+CORPUS_DIR = "corpus"
+DEV_CORPUS_DIR = "dev_corpus"
+TRAIN_STATE_VERSION = 1
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass
+class CharLMTrainResult:
+    """What `train_charlm` returns (on every worker)."""
+
+    model: CharLM
+    step: int
+    epoch: int
+    losses: List[Tuple[int, float]] = field(default_factory=list)
+    output_dir: Optional[Path] = None
+    seconds: float = 0.0
+    dev_losses: List[Tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def perplexities(self) -> List[Tuple[int, float]]:
+        return [(step, math.exp(min(loss, 50.0))) for step, loss in self.losses]
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    owns_group: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+
+def _setup_distributed(device: Optional[torch.device]) -> _Dist:
+    """Join the process group (already initialised, or from torchrun's environment)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return _Dist(
+            dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), False
+        )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return _Dist()
+    if not dist.is_available():  # pragma: no cover
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed.")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return _Dist(dist.get_rank(), dist.get_world_size(), local_rank, True)
+
+
+def resolve_device(gpu_id: Optional[int], local_rank: int = 0) -> torch.device:
+    """`gpu_id` None: a GPU when one is available (under torchrun, the one of
+    LOCAL_RANK); -1: the CPU; k >= 0: GPU k (local rank added under torchrun)."""
+    if gpu_id is not None and gpu_id < 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if gpu_id is not None:
+            raise ValueError(f"--gpu-id {gpu_id} was given, but CUDA is not available.")
+        return torch.device("cpu")
+    return torch.device("cuda", (gpu_id or 0) + local_rank)
+
+
+def _to_device(array, device: torch.device) -> torch.Tensor:
+    """Ids as an int64 tensor on `device`. The narrow ids travel as they are (uint16
+    via int32, which every device supports); the result is always a copy, so the
+    loader may reuse its buffer for the next batch."""
+    tensor = torch.from_numpy(array)
+    if tensor.dtype == torch.uint16:
+        tensor = tensor.to(torch.int32)
+    return tensor.to(device).long()
+
+
+def _detach(hidden: Hidden) -> Hidden:
+    return tuple(h.detach() for h in hidden)
+
+
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    # Dropout masks depend only on (seed, step, rank): an interrupted run that is
+    # resumed draws exactly the masks the uninterrupted run draws.
+    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
+
+
+def _gather_hidden(hidden: Hidden, dist: _Dist) -> List[torch.Tensor]:
+    """The hidden state of all streams, `[nlayers, n_streams, hidden]` per tensor, on CPU."""
+    out = []
+    for h in hidden:
+        if dist.enabled:
+            parts = [torch.empty_like(h) for _ in range(dist.world_size)]
+            torch.distributed.all_gather(parts, h.contiguous())
+            h = torch.cat(parts, dim=1)
+        out.append(h.detach().cpu())
+    return out
+
+
+def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}.")
+
+
+def train_charlm(
+    texts: Sequence[PathLike],
+    output_dir: PathLike,
+    *,
+    is_forward_lm: bool = True,
+    hidden_size: int = 1024,
+    nlayers: int = 1,
+    embedding_size: int = 100,
+    nout: Optional[int] = None,
+    dropout: float = 0.1,
+    bptt: int = 250,
+    batch_size: int = 100,
+    lr: float = 20.0,
+    optimizer: str = "sgd",
+    clip: float = 0.25,
+    max_epochs: int = 1,
+    max_steps: Optional[int] = None,
+    seed: int = 0,
+    gpu_id: Optional[int] = None,
+    resume: bool = False,
+    checkpoint_every: int = 1000,
+    log_every: int = 50,
+    dictionary: Optional[CharDictionary] = None,
+    min_char_count: int = 1,
+    randomize_bptt: bool = True,
+    dev_texts: Optional[Sequence[PathLike]] = None,
+    progress: bool = True,
+) -> CharLMTrainResult:
+    """Train a character LM on text files; save a Flair-format checkpoint.
+
+    texts (Sequence[PathLike]): UTF-8 text files (or directories of them), read in
+        order; documents are separated by newlines.
+    output_dir (PathLike): Where `lm.pt`, `training_state.pt` and `corpus/` go.
+    is_forward_lm (bool): False trains a backward LM on the reversed text.
+    hidden_size, nlayers, embedding_size, nout, dropout: The model (see `CharLM`);
+        ignored on resume (the checkpoint's are used).
+    bptt (int): Mean number of characters per batch and stream.
+    batch_size (int): Streams per batch on each worker (the global number of
+        streams is batch_size x workers). On resume: derived from the checkpoint.
+    lr (float): Learning rate (Flair's default for SGD: 20).
+    optimizer (str): "sgd" (as Flair) or "adam".
+    clip (float): Gradient norm clipping (Flair: 0.25); 0 turns it off.
+    max_epochs (int): Passes over the text.
+    max_steps (Optional[int]): Stop after this many steps in all (counting the
+        steps of the run that is resumed).
+    seed (int): Seed for the initial weights, dropout and sequence lengths.
+    gpu_id (Optional[int]): None: GPU when available; -1: CPU; k: GPU k.
+    resume (bool): Continue from `output_dir`'s `training_state.pt`.
+    checkpoint_every (int): Save every N steps (and always at the end); 0: only at
+        the end.
+    log_every (int): Steps between loss records (and progress-bar updates).
+    dictionary (Optional[CharDictionary]): Character dictionary; built from the
+        texts when not given (`min_char_count`).
+    randomize_bptt (bool): Draw sequence lengths around `bptt` (else always bptt).
+    dev_texts (Optional[Sequence[PathLike]]): Held-out text, evaluated at every
+        checkpoint (loss per character); the best model so far is also written to
+        `best-lm.pt`.
+    progress (bool): Show progress bars (main worker only).
+    RETURNS (CharLMTrainResult): The trained model (unwrapped), the step count and
+        the recorded mean losses (averaged over workers).
+    """
+    output_dir = Path(output_dir)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}.")
+    if max_steps is not None and max_steps < 0:
+        raise ValueError(f"max_steps must be >= 0, got {max_steps}.")
+    if checkpoint_every < 0 or log_every < 1:
+        raise ValueError(
+            f"checkpoint_every must be >= 0 and log_every >= 1, got {checkpoint_every}, {log_every}."
+        )
+    requested = None if gpu_id is None or gpu_id >= 0 else torch.device("cpu")
+    dist = _setup_distributed(requested)
+    try:
+        device = resolve_device(gpu_id, dist.local_rank if dist.enabled else 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        trainer = _Trainer.create(
+            texts,
+            output_dir,
+            dist=dist,
+            device=device,
+            resume=resume,
+            seed=seed,
+            model_kwargs=dict(
+                is_forward_lm=is_forward_lm,
+                hidden_size=hidden_size,
+                nlayers=nlayers,
+                embedding_size=embedding_size,
+                nout=nout,
+                dropout=dropout,
+            ),
+            loader_kwargs=dict(bptt=bptt, batch_size=batch_size, randomize=randomize_bptt),
+            optimizer=optimizer,
+            lr=lr,
+            clip=clip,
+            dictionary=dictionary,
+            min_char_count=min_char_count,
+            dev_texts=dev_texts,
+            progress=progress,
+        )
+        return trainer.run(
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            checkpoint_every=checkpoint_every,
+            log_every=log_every,
+            progress=progress,
+        )
+    finally:
+        if dist.owns_group:
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
+
+class _Trainer:
+    def __init__(
+        self,
+        model: CharLM,
+        loader: CharLMLoader,
+        optimizer: torch.optim.Optimizer,
+        *,
+        output_dir: Path,
+        dist: _Dist,
+        device: torch.device,
+        seed: int,
+        clip: float,
+        config: Dict[str, Any],
+        dev: Optional[EncodedText] = None,
+    ) -> None:
+        self.model = model
+        self.loader = loader
+        self.optimizer = optimizer
+        self.output_dir = output_dir
+        self.dist = dist
+        self.device = device
+        self.seed = seed
+        self.clip = clip
+        self.config = config
+        self.step = 0
+        self.hidden: Optional[Hidden] = None
+        self.losses: List[Tuple[int, float]] = []
+        # Sum and count of the losses since the last record (kept across a resume).
+        self.pending: List[float] = [0.0, 0.0]
+        self.dev = dev
+        self.dev_losses: List[Tuple[int, float]] = []
+        self.postfix: Dict[str, str] = {}
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.net: torch.nn.Module = DistributedDataParallel(model, device_ids=device_ids)
+        else:
+            self.net = model
+
+    @classmethod
+    def create(
+        cls,
+        texts: Sequence[PathLike],
+        output_dir: Path,
+        *,
+        dist: _Dist,
+        device: torch.device,
+        resume: bool,
+        seed: int,
+        model_kwargs: Dict[str, Any],
+        loader_kwargs: Dict[str, Any],
+        optimizer: str,
+        lr: float,
+        clip: float,
+        dictionary: Optional[CharDictionary],
+        min_char_count: int,
+        dev_texts: Optional[Sequence[PathLike]],
+        progress: bool,
+    ) -> "_Trainer":
+        state: Optional[Dict[str, Any]] = None
+        if resume:
+            state_path = output_dir / STATE_FILE
+            if not state_path.exists() or not (output_dir / MODEL_FILE).exists():
+                raise FileNotFoundError(
+                    f"Cannot resume: no {STATE_FILE} and {MODEL_FILE} in {output_dir}. "
+                    "Run without --resume to start training."
+                )
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+            if state.get("version") != TRAIN_STATE_VERSION:
+                raise ValueError(f"Unsupported training state version in {state_path}.")
+            model = CharLM.load(output_dir / MODEL_FILE, map_location="cpu")
+            if model.is_forward_lm != model_kwargs["is_forward_lm"]:
+                have = "forward" if model.is_forward_lm else "backward"
+                raise ValueError(
+                    f"The checkpoint in {output_dir} is a {have} LM; resume it with "
+                    f"--direction {have}."
+                )
+            dictionary = model.dictionary
+            optimizer = state["config"]["optimizer"]
+        else:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            if dictionary is None:
+                dictionary = _shared_dictionary(texts, min_char_count, dist)
+            torch.manual_seed(seed)
+            model = CharLM(dictionary, **model_kwargs)
+        if not model.has_decoder:
+            raise ValueError("Cannot train a character LM without its decoder (has_decoder=False).")
+        encoded = _shared_encoding(texts, dictionary, output_dir / CORPUS_DIR, dist, progress)
+        dev = None
+        if dev_texts:
+            dev = _shared_encoding(dev_texts, dictionary, output_dir / DEV_CORPUS_DIR, dist, progress)
+            if len(dev) - 1 < dist.world_size:
+                raise ValueError(
+                    f"The dev text ({len(dev)} characters) is too short for {dist.world_size} "
+                    "worker(s): each needs at least one character and its target."
+                )
+        batch_size = loader_kwargs["batch_size"]
+        loader_settings = dict(bptt=loader_kwargs["bptt"], randomize=loader_kwargs["randomize"])
+        if state is not None:
+            batch_size = CharLMLoader.batch_size_for(state["loader"], dist.world_size)
+            loader_settings = dict(bptt=state["config"]["bptt"], randomize=state["config"]["randomize"])
+            seed = state["config"]["seed"]
+        loader = CharLMLoader(
+            encoded,
+            batch_size,
+            reverse=not model.is_forward_lm,
+            seed=seed,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            **loader_settings,
+        )
+        model.to(device)
+        model.train()
+        opt = _make_optimizer(optimizer, model.parameters(), lr)
+        config = {
+            "optimizer": optimizer,
+            "lr": lr,
+            "clip": clip,
+            "seed": seed,
+            **loader_settings,
+            "n_streams": loader.n_streams,
+            "texts": [str(t) for t in texts],
+        }
+        trainer = cls(
+            model,
+            loader,
+            opt,
+            output_dir=output_dir,
+            dist=dist,
+            device=device,
+            seed=seed,
+            clip=state["config"]["clip"] if state is not None else clip,
+            config=config,
+            dev=dev,
+        )
+        if state is not None:
+            trainer._restore(state)
+        return trainer
+
+    def _restore(self, state: Dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.losses = [(int(s), float(v)) for s, v in state["losses"]]
+        self.pending = [float(v) for v in state["pending_loss"]]
+        self.dev_losses = [(int(s), float(v)) for s, v in state.get("dev_losses", [])]
+        rows = self.loader.rows()
+        self.hidden = tuple(h[:, rows].contiguous().to(self.device) for h in state["hidden"])
+
+    def run(
+        self,
+        *,
+        max_epochs: int,
+        max_steps: Optional[int],
+        checkpoint_every: int,
+        log_every: int,
+        progress: bool,
+    ) -> CharLMTrainResult:
+        loader = self.loader
+        vocab_size = len(self.model.dictionary)
+        bar = None
+        self.bar = None
+        if progress and self.dist.is_main:
+            from tqdm import tqdm
+
+            total = max_epochs * loader.approx_batches_per_epoch
+            if max_steps is not None:
+                total = min(total, max_steps) if max_epochs > 0 else max_steps
+            bar = tqdm(total=total, initial=min(self.step, total), unit="step", desc="Training")
+            self.bar = bar
+        loss_sum = torch.tensor(self.pending[0], device=self.device)
+        n_summed = int(self.pending[1])
+        last_saved = self.step
+        start = time.perf_counter()
+
+        def done() -> bool:
+            return max_steps is not None and self.step >= max_steps
+
+        try:
+            while loader.epoch < max_epochs and not done():
+                if loader.offset == 0 or self.hidden is None:
+                    self.hidden = self.model.init_hidden(loader.batch_size)
+                for x_np, y_np in loader:
+                    x = _to_device(x_np, self.device)
+                    y = _to_device(y_np, self.device)
+                    torch.manual_seed(_step_seed(self.seed, self.step, self.dist.rank))
+                    logits, _, hidden = self.net(x, _detach(self.hidden))
+                    loss = F.cross_entropy(logits.reshape(-1, vocab_size), y.reshape(-1))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if self.clip > 0:
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+                    self.optimizer.step()
+                    self.hidden = _detach(hidden)
+                    self.step += 1
+                    loss_sum += loss.detach()
+                    n_summed += 1
+                    if self.step % log_every == 0:
+                        mean = self._record(loss_sum, n_summed)
+                        self.losses.append((self.step, mean))
+                        loss_sum.zero_()
+                        n_summed = 0
+                        self._show(
+                            epoch=str(loader.epoch), loss=f"{mean:.3f}",
+                            ppl=f"{math.exp(min(mean, 50.0)):.2f}",
+                        )
+                    if bar is not None:
+                        bar.update(1)
+                    if checkpoint_every and self.step % checkpoint_every == 0:
+                        self.pending = [float(loss_sum), float(n_summed)]
+                        self.save()
+                        last_saved = self.step
+                    if done():
+                        break
+            self.pending = [float(loss_sum), float(n_summed)]
+            if self.step != last_saved or not (self.output_dir / STATE_FILE).exists():
+                self.save()
+        finally:
+            if bar is not None:
+                bar.close()
+        self.model.eval()
+        losses = list(self.losses)
+        if n_summed:
+            # The mean since the last record; not saved as a record, so that a resumed
+            # run records exactly what an uninterrupted one does.
+            losses.append((self.step, self._record(loss_sum, n_summed)))
+        return CharLMTrainResult(
+            model=self.model,
+            step=self.step,
+            epoch=loader.epoch,
+            losses=losses,
+            output_dir=self.output_dir,
+            seconds=time.perf_counter() - start,
+            dev_losses=list(self.dev_losses),
+        )
+
+    def _record(self, loss_sum: torch.Tensor, n: int) -> float:
+        total = torch.stack([loss_sum.detach().clone(), torch.tensor(float(n), device=loss_sum.device)])
+        if self.dist.enabled:
+            torch.distributed.all_reduce(total)
+        return float(total[0] / total[1])
+
+    def _show(self, **values: str) -> None:
+        self.postfix.update(values)
+        if self.bar is not None:
+            self.bar.set_postfix(self.postfix)
+
+    def evaluate(self) -> float:
+        """Mean loss per character on the dev text (all workers; each reads its share
+        of the streams, with fixed sequence lengths and no dropout)."""
+        assert self.dev is not None
+        bptt = self.config["bptt"]
+        world = self.dist.world_size
+        batch_size = max(1, min(self.loader.batch_size, (len(self.dev) - 1) // (world * bptt)))
+        loader = CharLMLoader(
+            self.dev, batch_size, bptt, randomize=False, reverse=self.loader.reverse,
+            rank=self.dist.rank, world_size=world,
+        )
+        vocab_size = len(self.model.dictionary)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                hidden = self.model.init_hidden(batch_size)
+                for x_np, y_np in loader:
+                    y = _to_device(y_np, self.device)
+                    logits, _, hidden = self.model(_to_device(x_np, self.device), hidden)
+                    loss = F.cross_entropy(
+                        logits.reshape(-1, vocab_size), y.reshape(-1), reduction="sum"
+                    )
+                    total[0] += loss.double()
+                    total[1] += y.numel()
+        finally:
+            self.model.train(was_training)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(total)
+        return float(total[0] / total[1])
+
+    def save(self) -> None:
+        """Write `lm.pt` and `training_state.pt` (main worker; all must call it);
+        with a dev text, evaluate it and keep the best model in `best-lm.pt`."""
+        hidden = _gather_hidden(self.hidden, self.dist) if self.hidden is not None else None
+        best = False
+        if self.dev is not None:
+            dev_loss = self.evaluate()
+            best = all(dev_loss < previous for _, previous in self.dev_losses)
+            self.dev_losses.append((self.step, dev_loss))
+            self._show(dev_ppl=f"{math.exp(min(dev_loss, 50.0)):.2f}")
+        if self.dist.is_main:
+            state = {
+                "version": TRAIN_STATE_VERSION,
+                "step": self.step,
+                "loader": self.loader.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "hidden": hidden,
+                "losses": [list(item) for item in self.losses],
+                "pending_loss": list(self.pending),
+                "dev_losses": [list(item) for item in self.dev_losses],
+                "config": self.config,
+                "world_size": self.dist.world_size,
+            }
+            model_tmp = self.output_dir / (MODEL_FILE + ".tmp")
+            state_tmp = self.output_dir / (STATE_FILE + ".tmp")
+            self.model.save(model_tmp)
+            torch.save(state, state_tmp)
+            if best:
+                best_tmp = self.output_dir / (BEST_MODEL_FILE + ".tmp")
+                self.model.save(best_tmp)
+                os.replace(best_tmp, self.output_dir / BEST_MODEL_FILE)
+            os.replace(model_tmp, self.output_dir / MODEL_FILE)
+            os.replace(state_tmp, self.output_dir / STATE_FILE)
+        self.dist.barrier()
+
+
+def _shared_dictionary(texts: Sequence[PathLike], min_count: int, dist: _Dist) -> CharDictionary:
+    """Build the dictionary on the main worker and send it to the others."""
+    items = [None]
+    if dist.is_main:
+        items[0] = build_dictionary(texts, min_count=min_count).idx2item
+    if dist.enabled:
+        torch.distributed.broadcast_object_list(items, src=0)
+    return CharDictionary(items[0])
+
+
+def _shared_encoding(
+    texts: Sequence[PathLike], dictionary: CharDictionary, path: Path, dist: _Dist, progress: bool
+) -> EncodedText:
+    """Encode the texts once (main worker), unless a matching encoding exists."""
+    if dist.is_main:
+        reuse = False
+        if (path / "ids.json").exists():
+            try:
+                reuse = EncodedText(path).matches(dictionary, texts)
+            except (ValueError, OSError, KeyError):
+                reuse = False
+        if not reuse:
+            encode_texts(texts, dictionary, path, progress=progress)
+    dist.barrier()
+    encoded = EncodedText(path)
+    if not encoded.matches(dictionary):
+        raise ValueError(
+            f"The encoded text in {path} was made with another dictionary. Delete it to re-encode."
+        )
+    return encoded

@@ -1,0 +1,553 @@
+"""The `lean_cleaner` component: release heavy per-doc data once nothing needs it.
+
+A spacy-transformers pipeline leaves `doc._.trf_data` on every doc it processes. That
+object holds *views* of the transformer's whole output batch, so a single kept doc
+pins the hidden states of every doc that was in its batch (on GPU too). Keep a few
+thousand docs (as `nlp.evaluate` does) and the batches pile up.
+
+`nlp.add_pipe("lean_cleaner")` drops that data (and `doc.tensor`, and any extension
+or `user_data` key you name) from each doc as it leaves the pipeline. Unlike spaCy's
+`doc_cleaner` it knows which components read the data, and raises an error instead
+of silently breaking them when it is placed before one of them.
+"""
+import ctypes
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy
+import srsly
+from spacy import util
+from spacy.language import Language
+from spacy.tokens import Doc
+from thinc.api import Config
+from thinc.backends import get_array_ops
+from thinc.types import Ragged
+
+from .consumers import TENSOR, TRF_DATA, Consumer, find_consumers, find_producers
+
+DEFAULT_CLEANER_CONFIG_STR = """
+[lean_cleaner]
+trf_data = true
+tensor = true
+extensions = []
+user_data_keys = []
+consumers = []
+compact_vectors = null
+empty_cache_every = 0
+"""
+DEFAULT_CLEANER_CONFIG = Config().from_str(DEFAULT_CLEANER_CONFIG_STR)["lean_cleaner"]
+
+COMPACT_DTYPES = ("float16", "float32")
+_CFG_KEYS = tuple(DEFAULT_CLEANER_CONFIG.keys())
+
+
+class LeanCleanerWarning(UserWarning):
+    """Recoverable situations found by `lean_cleaner` (said once per component)."""
+
+
+@Language.factory(
+    "lean_cleaner",
+    default_config=DEFAULT_CLEANER_CONFIG,
+    # spaCy's metadata has no "removes": `assigns` is what `nlp.analyze_pipes()`
+    # shows, and these are the attributes the cleaner resets (or, with
+    # `compact_vectors`, replaces).
+    assigns=[TRF_DATA, TENSOR],
+)
+def make_lean_cleaner(
+    nlp: Language,
+    name: str,
+    *,
+    trf_data: bool = True,
+    tensor: bool = True,
+    extensions: List[str] = [],
+    user_data_keys: List[str] = [],
+    consumers: List[str] = [],
+    compact_vectors: Optional[str] = None,
+    empty_cache_every: int = 0,
+) -> "LeanCleaner":
+    """Build a `LeanCleaner`, which releases heavy per-doc data no later component
+    needs.
+
+    trf_data (bool): release `doc._.trf_data` (spacy-transformers' `TransformerData`
+        or spacy-curated-transformers' `DocTransformerOutput`).
+    tensor (bool): release `doc.tensor` (reset to an empty array).
+    extensions (List[str]): further Doc extensions to reset to their default.
+    user_data_keys (List[str]): further `doc.user_data` keys to remove.
+    consumers (List[str]): further components that read the released data; the
+        cleaner must run after them.
+    compact_vectors (Optional[str]): "float16" or "float32" to keep, in `doc.tensor`,
+        one vector per token: the mean of its wordpieces' last hidden layer rows, on
+        CPU. None to keep nothing.
+    empty_cache_every (int): every this many docs, give the allocators' cached free
+        memory back (torch CUDA, cupy, and glibc's heap on Linux). 0 turns it off.
+    """
+    return LeanCleaner(
+        nlp,
+        name,
+        trf_data=trf_data,
+        tensor=tensor,
+        extensions=extensions,
+        user_data_keys=user_data_keys,
+        consumers=consumers,
+        compact_vectors=compact_vectors,
+        empty_cache_every=empty_cache_every,
+    )
+
+
+class LeanCleaner:
+    """Release `doc._.trf_data`, `doc.tensor` and named extensions/`user_data` keys
+    from each doc, after the last component that reads them.
+
+    The placement is checked on first use and again whenever the pipeline's
+    components change (spaCy has no hook for that, so the cleaner compares the
+    pipeline's names at each call). What was released is counted in `self.stats`.
+    """
+
+    def __init__(
+        self,
+        nlp: Optional[Language],
+        name: str = "lean_cleaner",
+        *,
+        trf_data: bool = True,
+        tensor: bool = True,
+        extensions: Sequence[str] = (),
+        user_data_keys: Sequence[str] = (),
+        consumers: Sequence[str] = (),
+        compact_vectors: Optional[str] = None,
+        empty_cache_every: int = 0,
+    ):
+        """Initialize the cleaner.
+
+        nlp (Optional[Language]): the pipeline, used to check the placement. With
+            None (a cleaner used on its own) nothing is checked.
+        name (str): the component name.
+        Other arguments: see `make_lean_cleaner`.
+        """
+        self.name = name
+        self._nlp = nlp
+        self.cfg: Dict[str, Any] = self._validate_cfg(
+            {
+                "trf_data": trf_data,
+                "tensor": tensor,
+                "extensions": extensions,
+                "user_data_keys": user_data_keys,
+                "consumers": consumers,
+                "compact_vectors": compact_vectors,
+                "empty_cache_every": empty_cache_every,
+            }
+        )
+        self.stats: Dict[str, int] = {}
+        self.reset_stats()
+        self._checked: Optional[Tuple[Tuple[str, int], ...]] = None
+        self._warned: set = set()
+        self._since_empty = 0
+
+    # -- configuration -------------------------------------------------------
+
+    @staticmethod
+    def _validate_cfg(cfg: Dict[str, Any]) -> Dict[str, Any]:
+        unknown = sorted(set(cfg) - set(_CFG_KEYS))
+        if unknown:
+            raise ValueError(
+                f"Unknown lean_cleaner setting(s): {unknown}. Known settings: {list(_CFG_KEYS)}."
+            )
+        cfg = {**DEFAULT_CLEANER_CONFIG, **cfg}
+        for key in ("trf_data", "tensor"):
+            if not isinstance(cfg[key], bool):
+                raise TypeError(f"lean_cleaner: '{key}' must be true or false, got {cfg[key]!r}.")
+        for key in ("extensions", "user_data_keys", "consumers"):
+            value = cfg[key]
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise TypeError(
+                    f"lean_cleaner: '{key}' must be a list of strings, got {value!r}."
+                )
+            for item in value:
+                if not isinstance(item, str) or not item:
+                    raise TypeError(
+                        f"lean_cleaner: '{key}' must be a list of non-empty strings, "
+                        f"got the item {item!r}."
+                    )
+        extensions = []
+        for ext in cfg["extensions"]:
+            bare = ext[len("doc._."):] if ext.startswith("doc._.") else ext
+            bare = bare[len("_."):] if bare.startswith("_.") else bare
+            if not Doc.has_extension(bare):
+                raise ValueError(
+                    f"lean_cleaner: the extension {ext!r} in 'extensions' names nothing: "
+                    f"no Doc extension '{bare}' is registered. Register it first "
+                    f"(Doc.set_extension('{bare}', default=None)) or remove it from 'extensions'."
+                )
+            default, method, getter, setter = Doc.get_extension(bare)
+            if method is not None or getter is not None:
+                kind = "method" if method is not None else "getter"
+                raise ValueError(
+                    f"lean_cleaner: the extension {ext!r} in 'extensions' is a {kind}, so "
+                    "docs store nothing for it that could be released. Name an extension "
+                    "registered with a default instead."
+                )
+            extensions.append(bare)
+        cfg["extensions"] = extensions
+        cfg["user_data_keys"] = list(cfg["user_data_keys"])
+        cfg["consumers"] = list(cfg["consumers"])
+        if cfg["compact_vectors"] not in (None,) + COMPACT_DTYPES:
+            raise ValueError(
+                f"lean_cleaner: 'compact_vectors' must be null, \"float16\" or \"float32\", "
+                f"got {cfg['compact_vectors']!r}."
+            )
+        every = cfg["empty_cache_every"]
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(
+                f"lean_cleaner: 'empty_cache_every' must be an integer >= 0 (0 turns it "
+                f"off), got {every!r}."
+            )
+        return cfg
+
+    @property
+    def released_attrs(self) -> List[str]:
+        """RETURNS (List[str]): the attributes this cleaner releases, in spaCy's
+        notation ("doc._.trf_data", "doc.tensor", "doc._.my_ext",
+        "doc.user_data['key']")."""
+        attrs = []
+        if self.cfg["trf_data"]:
+            attrs.append(TRF_DATA)
+        if self.cfg["tensor"] or self.cfg["compact_vectors"]:
+            attrs.append(TENSOR)
+        attrs.extend(f"doc._.{ext}" for ext in self.cfg["extensions"] if ext != "trf_data")
+        attrs.extend(f"doc.user_data[{key!r}]" for key in self.cfg["user_data_keys"])
+        return attrs
+
+    def reset_stats(self) -> None:
+        """Set the counters in `self.stats` back to zero."""
+        self.stats = {
+            "docs": 0,  # docs that passed through the cleaner
+            "released_docs": 0,  # docs from which something was released
+            "released_bytes": 0,  # bytes of the arrays released (each doc's share)
+            "trf_data": 0,  # docs whose doc._.trf_data was released
+            "tensor": 0,  # docs whose doc.tensor was released
+            "extensions": 0,  # extension values released
+            "user_data": 0,  # user_data values released
+            "compact_bytes": 0,  # bytes kept as compact vectors
+            "cache_empties": 0,  # times the allocators' caches were emptied
+        }
+
+    # -- placement -----------------------------------------------------------
+
+    def _pipeline_signature(self) -> Optional[Tuple[Tuple[str, int], ...]]:
+        if self._nlp is None:
+            return None
+        return tuple((name, id(proc)) for name, proc in self._nlp.pipeline)
+
+    def check_placement(self) -> None:
+        """Raise a ValueError if the cleaner runs before a component that reads what
+        it releases; warn (once) about data it will not see. Called automatically on
+        first use and whenever the pipeline changes."""
+        signature = self._pipeline_signature()
+        if signature is None or signature == self._checked:
+            return
+        nlp = self._nlp
+        assert nlp is not None
+        pipeline = list(nlp.pipeline)
+        position = next((i for i, (_, proc) in enumerate(pipeline) if proc is self), None)
+        if position is None:  # not (or no longer) part of this pipeline, or disabled
+            self._checked = signature
+            return
+        my_name = pipeline[position][0]
+        names = [name for name, _ in pipeline]
+        unknown = [c for c in self.cfg["consumers"] if c not in nlp.component_names]
+        if unknown:
+            raise ValueError(
+                f"lean_cleaner '{my_name}': 'consumers' names {unknown}, which "
+                f"{'is' if len(unknown) == 1 else 'are'} not in the pipeline "
+                f"{nlp.component_names}. Fix the names or remove them from 'consumers'."
+            )
+        attrs = [a for a in self.released_attrs if a in (TRF_DATA, TENSOR)]
+        attrs += [f"doc._.{ext}" for ext in self.cfg["extensions"]]
+        enabled_consumers = [c for c in self.cfg["consumers"] if c in names]
+        consumers = find_consumers(nlp, attrs, extra=enabled_consumers)
+        after = [c for c in consumers if c.component in names[position + 1:]]
+        if after:
+            raise ValueError(self._misplaced_message(my_name, position, names, after))
+        # The cleaner declares `assigns` for analyze_pipes: it is not a producer.
+        producers = {
+            attr: [p for p in found if p != my_name]
+            for attr, found in find_producers(nlp, attrs).items()
+        }
+        if self.cfg["trf_data"] or self.cfg["compact_vectors"]:
+            if not producers.get(TRF_DATA):
+                what = ", ".join(a for a in self.released_attrs if a != TRF_DATA) or "nothing"
+                self._warn_once(
+                    "no-transformer",
+                    f"lean_cleaner '{my_name}': the pipeline {names} has no component that "
+                    f"sets doc._.trf_data (no spacy-transformers or spacy-curated-transformers "
+                    f"transformer), so there is no transformer output to release"
+                    + (" or to pool into compact vectors" if self.cfg["compact_vectors"] else "")
+                    + f". It releases what there is: {what}.",
+                )
+        late = sorted({p for attr in attrs for p in producers.get(attr, []) if p in names[position + 1:]})
+        if late:
+            self._warn_once(
+                f"late:{','.join(late)}",
+                f"lean_cleaner '{my_name}' runs before {late}, which set(s) data it would "
+                "release; that data stays on the docs. Put the cleaner last to release it.",
+            )
+        self._checked = signature
+
+    def _misplaced_message(
+        self, my_name: str, position: int, names: List[str], after: List[Consumer]
+    ) -> str:
+        first = after[0]
+        last_consumer = max(names.index(c.component) for c in after)
+        others = sorted({c.component for c in after} - {first.component})
+        also = f" (and {others} too)" if others else ""
+        return (
+            f"lean_cleaner '{my_name}' is component {position + 1} of {len(names)} in the "
+            f"pipeline {names}, but '{first.component}' runs after it and reads "
+            f"{first.attr}: {first.reason}{also}. Releasing the data first would make "
+            f"'{first.component}' predict from empty features (spacy-transformers' "
+            "listeners silently fall back to zeros). Put the cleaner after "
+            f"'{names[last_consumer]}': nlp.remove_pipe('{my_name}') then "
+            f"nlp.add_pipe('lean_cleaner', name='{my_name}') (it goes last by default), or "
+            "list it last in [nlp] pipeline in your config."
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, LeanCleanerWarning, stacklevel=3)
+
+    # -- processing ----------------------------------------------------------
+
+    def __call__(self, doc: Doc) -> Doc:
+        """Release the configured data from one doc, in place.
+
+        doc (Doc): the doc.
+        RETURNS (Doc): the same doc.
+        """
+        self.check_placement()
+        self._clean(doc)
+        return doc
+
+    def pipe(self, stream: Iterable[Doc], *, batch_size: int = 128) -> Iterator[Doc]:
+        """Release the configured data from a stream of docs, in place.
+
+        stream (Iterable[Doc]): the docs.
+        batch_size (int): unused; the cleaner works doc by doc.
+        YIELDS (Doc): the docs, in order.
+        """
+        self.check_placement()
+        for doc in stream:
+            self._clean(doc)
+            yield doc
+
+    def initialize(self, get_examples=None, *, nlp: Optional[Language] = None) -> None:
+        """Check the placement when the pipeline is initialized (`nlp.initialize`)."""
+        if nlp is not None and self._nlp is None:
+            self._nlp = nlp
+        self._checked = None
+        self.check_placement()
+
+    def _clean(self, doc: Doc) -> None:
+        cfg = self.cfg
+        stats = self.stats
+        user_data = doc.user_data
+        released = 0
+        nbytes = 0
+        compact = None
+        trf_key = ("._.", "trf_data", None, None)
+        trf_value = user_data.get(trf_key)
+        if trf_value is not None and cfg["compact_vectors"]:
+            compact = self._pool(doc, trf_value)
+        if trf_value is not None and cfg["trf_data"]:
+            # Removing the key brings back the extension's default (None).
+            del user_data[trf_key]
+            nbytes += _nbytes(trf_value)
+            stats["trf_data"] += 1
+            released += 1
+        if cfg["tensor"] or compact is not None:
+            tensor = doc.tensor
+            if tensor is not None and getattr(tensor, "size", 0):
+                nbytes += _nbytes(tensor)
+                stats["tensor"] += 1
+                released += 1
+            doc.tensor = compact if compact is not None else numpy.zeros((0,), dtype="float32")
+            if compact is not None:
+                stats["compact_bytes"] += compact.nbytes
+        for ext in cfg["extensions"]:
+            value = user_data.pop(("._.", ext, None, None), None)
+            if value is not None:
+                nbytes += _nbytes(value)
+                stats["extensions"] += 1
+                released += 1
+        for key in cfg["user_data_keys"]:
+            value = user_data.pop(key, None)
+            if value is not None:
+                nbytes += _nbytes(value)
+                stats["user_data"] += 1
+                released += 1
+        del trf_value
+        stats["docs"] += 1
+        stats["released_bytes"] += nbytes
+        if released:
+            stats["released_docs"] += 1
+        every = cfg["empty_cache_every"]
+        if every:
+            self._since_empty += 1
+            if self._since_empty >= every:
+                self._since_empty = 0
+                empty_allocator_caches()
+                stats["cache_empties"] += 1
+
+    def _pool(self, doc: Doc, data: Any) -> Optional[numpy.ndarray]:
+        """Mean of each token's wordpiece rows of the last hidden layer, on CPU."""
+        dtype = self.cfg["compact_vectors"]
+        rows_lengths = _token_rows(data)
+        if rows_lengths is None:
+            self._warn_once(
+                f"unknown:{type(data).__name__}",
+                f"lean_cleaner '{self.name}': doc._.trf_data holds a "
+                f"{type(data).__module__}.{type(data).__name__}, which it cannot pool into "
+                "compact vectors; no compact vectors are kept for such docs.",
+            )
+            return None
+        rows, lengths = rows_lengths
+        if rows is None:  # an empty doc: the transformer produced nothing for it
+            return numpy.zeros((len(doc), 0), dtype=dtype)
+        ops = get_array_ops(rows)
+        pooled = ops.reduce_mean(ops.asarray2f(rows), ops.asarray1i(lengths))
+        return numpy.ascontiguousarray(ops.to_numpy(pooled), dtype=dtype)
+
+    # -- serialization -------------------------------------------------------
+
+    def to_bytes(self, *, exclude: Iterable[str] = tuple()) -> bytes:
+        """Serialize the settings to a bytestring.
+
+        RETURNS (bytes): the serialized settings.
+        """
+        serializers = {"cfg": lambda: srsly.json_dumps(self.cfg)}
+        return util.to_bytes(serializers, exclude)
+
+    def from_bytes(self, bytes_data: bytes, *, exclude: Iterable[str] = tuple()) -> "LeanCleaner":
+        """Load the settings from a bytestring.
+
+        RETURNS (LeanCleaner): the cleaner.
+        """
+        deserializers = {"cfg": lambda b: self._load_cfg(srsly.json_loads(b))}
+        util.from_bytes(bytes_data, deserializers, exclude)
+        return self
+
+    def to_disk(self, path: Union[str, Path], *, exclude: Iterable[str] = tuple()) -> None:
+        """Save the settings to a directory.
+
+        path (str / Path): the directory.
+        """
+        path = util.ensure_path(path)
+        serializers = {"cfg": lambda p: srsly.write_json(p, self.cfg)}
+        util.to_disk(path, serializers, exclude)
+
+    def from_disk(
+        self, path: Union[str, Path], *, exclude: Iterable[str] = tuple()
+    ) -> "LeanCleaner":
+        """Load the settings from a directory.
+
+        path (str / Path): the directory.
+        RETURNS (LeanCleaner): the cleaner.
+        """
+        path = util.ensure_path(path)
+        deserializers = {"cfg": lambda p: self._load_cfg(srsly.read_json(p))}
+        util.from_disk(path, deserializers, exclude)
+        return self
+
+    def _load_cfg(self, cfg: Dict[str, Any]) -> None:
+        self.cfg = self._validate_cfg(dict(cfg))
+        self._checked = None
+
+
+def _token_rows(data: Any) -> Optional[Tuple[Any, Any]]:
+    """Return (wordpiece rows, wordpieces per token) for the last hidden layer of a
+    doc's transformer output; (None, None) when the doc got no output; None for an
+    unknown type. Duck-typed, so neither transformer package has to be imported."""
+    if hasattr(data, "model_output") and hasattr(data, "align"):
+        # spacy-transformers' TransformerData: the last hidden state has shape
+        # (n_spans, n_wordpieces, width); `align` maps each token to rows of it
+        # flattened to (n_spans * n_wordpieces, width).
+        if "last_hidden_state" not in data.model_output:
+            return None, None
+        hidden = data.model_output["last_hidden_state"]
+        if hidden.size == 0:
+            return None, None
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        ops = get_array_ops(flat)
+        rows = flat[ops.asarray1i(data.align.dataXd.reshape(-1))]
+        return rows, data.align.lengths
+    if hasattr(data, "last_hidden_layer_state") and hasattr(data, "all_outputs"):
+        # spacy-curated-transformers' DocTransformerOutput: a Ragged with one
+        # segment of piece rows per token.
+        if not data.all_outputs:
+            return None, None
+        layer = data.last_hidden_layer_state
+        return layer.dataXd, layer.lengths
+    return None
+
+
+def _nbytes(obj: Any, _depth: int = 0) -> int:
+    """Bytes held in the arrays of `obj` (numpy, cupy, torch, Ragged, and containers
+    and dataclasses of them). Views count their own size, not their base's."""
+    if obj is None or _depth > 8:
+        return 0
+    if isinstance(obj, Ragged):
+        return _nbytes(obj.data, _depth + 1) + _nbytes(obj.lengths, _depth + 1)
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):  # torch.Tensor
+        return int(obj.element_size() * obj.nelement())
+    if isinstance(obj, (str, bytes, int, float, bool)):
+        return 0
+    if isinstance(obj, dict):
+        return sum(_nbytes(v, _depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v, _depth + 1) for v in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields is not None:
+        return sum(_nbytes(getattr(obj, f, None), _depth + 1) for f in fields)
+    if hasattr(obj, "__dict__"):
+        return sum(_nbytes(v, _depth + 1) for v in vars(obj).values())
+    return 0
+
+
+_malloc_trim = None
+
+
+def _get_malloc_trim():
+    global _malloc_trim
+    if _malloc_trim is None:
+        _malloc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                _malloc_trim = ctypes.CDLL(None).malloc_trim
+                _malloc_trim.argtypes = [ctypes.c_size_t]
+                _malloc_trim.restype = ctypes.c_int
+            except (OSError, AttributeError):  # not glibc (e.g. musl)
+                _malloc_trim = False
+    return _malloc_trim
+
+
+def empty_allocator_caches() -> None:
+    """Give the allocators' cached free memory back: torch's CUDA caching allocator,
+    cupy's default memory pools (when those are in use), and free pages of glibc's
+    heap on Linux (`malloc_trim`). Never imports torch or cupy itself."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
+        except Exception:  # pragma: no cover - cupy installed without a usable device
+            pass
+    trim = _get_malloc_trim()
+    if trim:
+        trim(0)

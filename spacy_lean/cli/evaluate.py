@@ -1,0 +1,380 @@
+"""`spacy lean evaluate MODEL DATA`: streaming evaluation with checkpoints, out-of-memory
+back-off and several workers."""
+import hashlib
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import srsly
+import typer
+from spacy import util
+from spacy.cli._util import Arg, Opt, import_code, setup_gpu
+from wasabi import msg
+
+from . import lean_cli
+
+# The summary table of `spacy evaluate`: label -> score key.
+_METRICS = (
+    ("TOK", "token_acc"),
+    ("TAG", "tag_acc"),
+    ("POS", "pos_acc"),
+    ("MORPH", "morph_acc"),
+    ("LEMMA", "lemma_acc"),
+    ("UAS", "dep_uas"),
+    ("LAS", "dep_las"),
+    ("NER P", "ents_p"),
+    ("NER R", "ents_r"),
+    ("NER F", "ents_f"),
+    ("TEXTCAT", "cats_score"),
+    ("SENT P", "sents_p"),
+    ("SENT R", "sents_r"),
+    ("SENT F", "sents_f"),
+    ("SPAN P", "spans_{key}_p"),
+    ("SPAN R", "spans_{key}_r"),
+    ("SPAN F", "spans_{key}_f"),
+    ("SPEED", "speed"),
+)
+
+
+@lean_cli.command("evaluate")
+def evaluate_cli(
+    # fmt: off
+    model: str = Arg(..., help="Pipeline name or path"),
+    data_path: Path = Arg(..., help="Evaluation data: a .spacy file, a folder of .spacy shards, or a .jsonl file"),
+    output: Optional[Path] = Opt(None, "--output", "-o", help="Output JSON file for the scores", dir_okay=False),
+    code_path: Optional[Path] = Opt(None, "--code", "-c", help="Path to Python file with additional code (registered functions) to be imported"),
+    use_gpu: int = Opt(-1, "--gpu-id", "-g", help="GPU ID or -1 for CPU (with --workers: >= 0 uses every visible GPU)"),
+    gold_preproc: bool = Opt(False, "--gold-preproc", "-G", help="Use gold preprocessing"),
+    per_component: bool = Opt(False, "--per-component", "-P", help="Return scores per component (saved with --output)"),
+    spans_key: str = Opt("sc", "--spans-key", "-sk", help="Spans key to use when evaluating Doc.spans"),
+    batch_size: Optional[int] = Opt(None, "--batch-size", "-b", help="Docs per batch (default: the pipeline's batch_size)"),
+    window_size: Optional[int] = Opt(None, "--window-size", help="Examples read ahead and sorted by length (default: 8 batches; 0 keeps the input order)"),
+    checkpoint: Optional[Path] = Opt(None, "--checkpoint", help="JSON file to save progress to; a rerun resumes from it", dir_okay=False),
+    checkpoint_every: int = Opt(50, "--checkpoint-every", help="Save the checkpoint every N batches (every N shards with --workers)"),
+    workers: int = Opt(1, "--workers", "-w", help="Evaluate with N worker processes (or Ray actors), merging their scores"),
+    backend: str = Opt("processes", "--backend", help="Where --workers run: 'processes' (this machine) or 'ray'"),
+    ray_address: Optional[str] = Opt(None, "--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
+    max_retries: int = Opt(2, "--max-retries", help="Times a shard is retried when its worker dies"),
+    progress: bool = Opt(True, "--progress/--no-progress", help="Show a progress bar"),
+    # fmt: on
+):
+    """Evaluate a trained pipeline in bounded memory: the data is read a window at a
+    time and reduced to mergeable counts, so the numbers are those of `spacy evaluate`
+    whatever the size of the dev set. Resumable with --checkpoint; several workers with
+    --workers (a folder of shards is shared out among them).
+    """
+    import_code(code_path)
+    scores = evaluate_streaming_cli(
+        model,
+        data_path,
+        output=output,
+        code_path=code_path,
+        use_gpu=use_gpu,
+        gold_preproc=gold_preproc,
+        per_component=per_component,
+        spans_key=spans_key,
+        batch_size=batch_size,
+        window_size=window_size,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        workers=workers,
+        backend=backend,
+        ray_address=ray_address,
+        max_retries=max_retries,
+        progress=progress,
+    )
+    return scores
+
+
+def evaluate_streaming_cli(
+    model: str,
+    data_path: Path,
+    *,
+    output: Optional[Path] = None,
+    code_path: Optional[Path] = None,
+    use_gpu: int = -1,
+    gold_preproc: bool = False,
+    per_component: bool = False,
+    spans_key: str = "sc",
+    batch_size: Optional[int] = None,
+    window_size: Optional[int] = None,
+    checkpoint: Optional[Path] = None,
+    checkpoint_every: int = 50,
+    workers: int = 1,
+    backend: str = "processes",
+    ray_address: Optional[str] = None,
+    max_retries: int = 2,
+    progress: bool = True,
+) -> Dict[str, Any]:
+    """The body of `spacy lean evaluate`; every user error ends in `msg.fail`."""
+    from ..distributed import BACKENDS
+    from ..evaluate import CheckpointMismatchError, CorruptShardError, list_shards
+
+    for name, value, low in (
+        ("--workers", workers, 1),
+        ("--checkpoint-every", checkpoint_every, 1),
+        ("--batch-size", batch_size, 1),
+        ("--window-size", window_size, 0),
+        ("--max-retries", max_retries, 0),
+    ):
+        if value is not None and value < low:
+            msg.fail(f"{name} must be >= {low}, got {value}.", exits=1)
+    if backend not in BACKENDS:
+        msg.fail(f"Unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}.", exits=1)
+    if backend == "ray" and workers == 1:
+        msg.info("--backend ray with --workers 1: one Ray actor")
+    try:
+        shards = list_shards(data_path)
+    except (FileNotFoundError, ValueError) as e:
+        msg.fail("Evaluation data not usable", f"{e}", exits=1)
+    gpu_ids: List[int] = []
+    if workers == 1 and backend == "processes":
+        setup_gpu(use_gpu)
+    elif use_gpu >= 0:
+        gpu_ids = _visible_gpus(use_gpu)
+    nlp = _load_pipeline(model)
+    state = _make_state(nlp, per_component)
+    ckpt = None
+    resumed = None
+    if checkpoint is not None:
+        from ..distributed import make_units
+
+        layout = "stream" if workers == 1 and backend == "processes" else _layout(make_units(shards, workers))
+        ckpt = _make_checkpoint(model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout)
+        try:
+            resumed = ckpt.load(nlp, state.fingerprint)
+        except CheckpointMismatchError as e:
+            msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
+    start = time.perf_counter()
+    try:
+        if workers == 1 and backend == "processes":
+            state, n_examples = _run_single(
+                nlp, shards, state, ckpt, resumed,
+                gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
+                per_component=per_component, progress=progress,
+            )
+        else:
+            state, n_examples = _run_workers(
+                model, nlp, shards, state, ckpt, resumed,
+                workers=workers, backend=backend, gpu_ids=gpu_ids, ray_address=ray_address,
+                max_retries=max_retries, code_path=code_path, gold_preproc=gold_preproc,
+                batch_size=batch_size, window_size=window_size, per_component=per_component,
+                progress=progress,
+            )
+    except CorruptShardError as e:
+        hint = f" Progress is saved in {checkpoint}: rerun to resume." if ckpt else ""
+        msg.fail("Could not read the evaluation data", f"{e}{hint}", exits=1)
+    except CheckpointMismatchError as e:
+        msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
+    except KeyboardInterrupt:
+        if ckpt is not None:
+            msg.warn(f"Interrupted. Rerun the same command to resume from {checkpoint}.")
+        raise typer.Exit(code=130)
+    elapsed = time.perf_counter() - start
+    if n_examples == 0:
+        msg.fail(
+            "The evaluation data has no examples",
+            f"{data_path} holds no non-empty docs. Check that it is the dev set you meant "
+            "(spacy convert / DocBin.to_disk writes .spacy files).",
+            exits=1,
+        )
+    msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({n_examples / max(elapsed, 1e-9):.1f} docs/s)")
+    scores = state.result()
+    _print_scores(scores, per_component=per_component, spans_key=spans_key, output=output)
+    if output is not None:
+        srsly.write_json(output, scores)
+        msg.good(f"Saved results to {output}")
+    return scores
+
+
+def _visible_gpus(use_gpu: int) -> List[int]:
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+    except ImportError:  # pragma: no cover
+        n = 0
+    if n == 0:
+        msg.fail(f"--gpu-id {use_gpu} with --workers: no CUDA GPU is visible.", "Use --gpu-id -1 for CPU workers.", exits=1)
+    return list(range(n))
+
+
+def _load_pipeline(model: str):
+    try:
+        return util.load_model(model)
+    except (IOError, OSError, ValueError) as e:
+        msg.fail(f"Could not load the pipeline {model!r}", f"{e}", exits=1)
+
+
+def _make_state(nlp, per_component: bool):
+    from ..evaluate import make_score_state
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = make_score_state(nlp, per_component=per_component)
+    for warning in caught:
+        msg.warn(str(warning.message))
+    return state
+
+
+def _model_fingerprint(model: str, nlp) -> str:
+    from ..evaluate import path_fingerprint
+
+    path = Path(model)
+    if not path.exists():
+        try:
+            path = util.get_package_path(model)
+        except Exception:  # not an installed package: config and meta identify it
+            text = srsly.json_dumps({"config": nlp.config.to_str(), "meta": nlp.meta}, sort_keys=True)
+            return hashlib.sha256(text.encode("utf8")).hexdigest()
+    return path_fingerprint([path])
+
+
+def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
+    from ..evaluate import EvalCheckpoint, path_fingerprint
+
+    data_fp = path_fingerprint(shards) + (":gold_preproc" if gold_preproc else "")
+    return EvalCheckpoint(
+        path, model_fingerprint=_model_fingerprint(model, nlp), data_fingerprint=data_fp,
+        layout=layout, every=every,
+    )
+
+
+def _layout(units) -> str:
+    return "units:" + "|".join(f"{u.shard}#{u.part[0]}/{u.part[1]}" for u in units)
+
+
+def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initial: int = 0):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit=unit, disable=not progress, leave=False, dynamic_ncols=True)
+
+
+def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component, progress):
+    from ..evaluate import StreamingEvaluator, read_examples
+
+    skip = 0
+    n_batches = 0
+    if resumed is not None:
+        state = resumed["state"]
+        skip = resumed["n_examples"]
+        n_batches = resumed["n_batches"]
+        if resumed["done"]:
+            msg.info(f"The checkpoint holds a finished evaluation of {skip} examples: showing its scores")
+            return state, skip
+        msg.info(f"Resuming from the checkpoint: {skip} examples already counted")
+    if ckpt is not None and window_size is None:
+        # Save points fall at window ends: keep a window within one save interval.
+        size = batch_size or nlp.batch_size
+        window_size = min(8 * size, ckpt.every * size)
+
+    def on_oom(failed: int, new: int) -> None:
+        msg.warn(f"Out of GPU memory on a batch of {failed} docs: retrying it as batches of {new} (and using {new} from now on)")
+
+    evaluator = StreamingEvaluator(
+        nlp, batch_size=batch_size, window_size=window_size, per_component=per_component,
+        state=state, on_oom=on_oom,
+    )
+    evaluator.n_batches = n_batches
+    bar = _progress_bar(progress, "doc", initial=skip)
+
+    def on_window(ev) -> None:
+        bar.update(ev.n_examples - bar.n)
+        if ckpt is not None:
+            ckpt.on_window(ev)
+
+    try:
+        evaluator.run(read_examples(nlp, shards, gold_preproc=gold_preproc), skip=skip, on_window=on_window)
+    finally:
+        bar.close()
+    if evaluator.oom_events:
+        msg.warn(
+            f"{len(evaluator.oom_events)} out-of-memory retries: finished with batch size "
+            f"{evaluator.batch_size}. Pass --batch-size {evaluator.batch_size} next time."
+        )
+    if ckpt is not None:
+        ckpt.save(evaluator.state, n_examples=evaluator.n_examples, n_batches=evaluator.n_batches, done=True)
+    return evaluator.state, evaluator.n_examples
+
+
+def _run_workers(
+    model, nlp, shards, state, ckpt, resumed, *, workers, backend, gpu_ids, ray_address, max_retries,
+    code_path, gold_preproc, batch_size, window_size, per_component, progress,
+):
+    import os
+
+    from ..distributed import WorkerDiedError, WorkerSettings, make_units, merge_states, run_units
+
+    units = make_units(shards, workers)
+    done: Dict[int, Dict[str, Any]] = dict(resumed["units"]) if resumed else {}
+    if done:
+        msg.info(f"Resuming from the checkpoint: {len(done)} of {len(units)} shards already evaluated")
+    todo = [u for u in units if u.index not in done]
+    n_workers = min(workers, len(todo)) if todo else 0
+    where = f"{len(gpu_ids)} GPU(s)" if gpu_ids else "CPU"
+    if todo:
+        msg.info(f"Evaluating {len(todo)} shard(s) on {n_workers} {backend} worker(s), {where}")
+    settings = WorkerSettings(
+        model=str(model), gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
+        per_component=per_component, code_path=str(code_path) if code_path else None,
+        num_threads=max(1, (os.cpu_count() or 1) // max(1, n_workers)),
+    )
+    bar = _progress_bar(progress, "doc")
+    since_save = 0
+
+    def on_result(unit, result) -> None:
+        nonlocal since_save
+        done[unit.index] = {"state": result.state, "n_examples": result.n_examples}
+        bar.update(result.n_examples)
+        for failed, new in result.oom_events:
+            msg.warn(f"{unit.describe()}: out of GPU memory on a batch of {failed} docs, retried as batches of {new}")
+        since_save += 1
+        if ckpt is not None and since_save >= ckpt.every:
+            ckpt.save(state, units=done)
+            since_save = 0
+
+    def on_retry(retry, why) -> None:
+        msg.warn(f"{why}; evaluating again: {', '.join(u.describe() for u in retry)} (nothing from them was counted)")
+
+    try:
+        run_units(
+            todo, settings, workers=max(1, n_workers), backend=backend, gpu_ids=gpu_ids,
+            max_retries=max_retries, ray_address=ray_address, on_result=on_result, on_retry=on_retry,
+        )
+    except WorkerDiedError as e:
+        if ckpt is not None:
+            ckpt.save(state, units=done)
+        msg.fail("Evaluation failed", str(e), exits=1)
+    finally:
+        bar.close()
+    if ckpt is not None:
+        ckpt.save(state, units=done, done=True)
+    merged = merge_states({i: unit["state"] for i, unit in done.items()}, nlp, template=state)
+    return merged, sum(unit["n_examples"] for unit in done.values())
+
+
+def _print_scores(scores: Dict[str, Any], *, per_component: bool, spans_key: str, output: Optional[Path]) -> None:
+    from spacy.cli.evaluate import handle_scores_per_type
+
+    if per_component:
+        if output is None:
+            msg.warn("The per-component option is enabled but there is no output JSON file provided to save the scores to.")
+        else:
+            msg.info("Per-component scores will be saved to output JSON file.")
+        return
+    table = {}
+    for label, key in _METRICS:
+        key = key.format(key=spans_key)
+        if key not in scores:
+            continue
+        value = scores[key]
+        if key == "cats_score":
+            label = f"{label} ({scores.get('cats_score_desc', 'unk')})"
+        if isinstance(value, (int, float)):
+            table[label] = f"{value:.0f}" if key == "speed" else f"{value * 100:.2f}"
+        else:
+            table[label] = "-"
+    msg.table(table, title="Results")
+    handle_scores_per_type(scores, {}, spans_key=spans_key, silent=False)
+

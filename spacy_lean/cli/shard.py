@@ -1,0 +1,35 @@
+"""`spacy lean shard`: split a corpus into .spacy shards, streaming."""
+from pathlib import Path
+
+import typer
+from wasabi import msg
+
+from . import lean_cli
+
+
+@lean_cli.command("shard")
+def shard_cli(
+    # fmt: off
+    input_path: Path = typer.Argument(..., help="A .spacy or .jsonl file, or a folder of them"),
+    output_dir: Path = typer.Argument(..., help="Folder to write the shards to (created if missing)"),
+    docs_per_shard: int = typer.Option(1000, "--docs-per-shard", "-n", help="Docs per shard"),
+    lang: str = typer.Option("en", "--lang", "-l", help="Language of the tokenizer for .jsonl input"),
+    prefix: str = typer.Option("shard", "--prefix", help="Shard file name prefix"),
+    spans_key: str = typer.Option("sc", "--spans-key", help="Span group a .jsonl \"spans\" list fills ('ents': entities)"),
+    # fmt: on
+):
+    """Write a corpus as .spacy shards of N docs each, for `spacy-lean.Corpus.v1`.
+    Streams: one input file and one output shard in memory at a time."""
+    from ..corpus.shards import write_shards
+
+    try:
+        written = write_shards(
+            input_path, output_dir, docs_per_shard, lang=lang, prefix=prefix,
+            jsonl_spans_key=spans_key, progress=True,
+        )
+    except (FileNotFoundError, ValueError) as err:
+        msg.fail(str(err), exits=1)
+    if not written:
+        msg.warn(f"No docs in '{input_path}': nothing written.")
+    else:
+        msg.good(f"Wrote {len(written)} shards to '{output_dir}'")

@@ -1,0 +1,135 @@
+"""Read annotated .jsonl records into Docs.
+
+One JSON object per line:
+
+- "text" (str, required): the text, tokenized with the pipeline's tokenizer.
+- "tokens" (list, optional): `[{"text": ..., "ws": bool}, ...]` (Prodigy's form) to
+  use a given tokenization instead; it must reproduce "text" exactly.
+- "entities" (list, optional): `[start_char, end_char, label]` triples or
+  `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`).
+- "spans" (list or dict, optional): a list in the same forms goes to the span group
+  named by `spans_key` (default "sc"; `spans_key = "ents"` makes them the entities,
+  as Prodigy's NER output needs); a dict maps span-group names to such lists.
+- "cats" (dict, optional): label -> score, the doc's categories.
+- "meta" (dict, optional): kept in `doc.user_data["meta"]`.
+
+Offsets must fall on token boundaries; a record whose offsets do not raises an error
+naming the file, the line and the span.
+"""
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Union
+
+from spacy.language import Language
+from spacy.tokens import Doc, Span
+
+from .shards import read_jsonl_lines
+
+
+def iter_jsonl_docs(
+    nlp: Language, path: Union[str, Path], *, spans_key: str = "sc"
+) -> Iterator[Doc]:
+    """Yield one Doc per non-blank line of a .jsonl file, streaming."""
+    for line_no, record in read_jsonl_lines(Path(path)):
+        yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
+
+
+def doc_from_record(
+    nlp: Language, record: Any, *, where: str = "record", spans_key: str = "sc"
+) -> Doc:
+    """Make a Doc from one JSONL record (see the module docstring for the keys).
+
+    where (str): names the record in error messages (file:line).
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError(
+            f"{where}: each record must be a JSON object with a string \"text\" key, "
+            f"got {str(record)[:80]!r}."
+        )
+    text = record["text"]
+    tokens = record.get("tokens")
+    if tokens:
+        words = [t["text"] for t in tokens]
+        spaces = [bool(t.get("ws", True)) for t in tokens]
+        doc = Doc(nlp.vocab, words=words, spaces=spaces)
+        if doc.text != text:
+            raise ValueError(
+                f"{where}: the \"tokens\" do not reproduce \"text\" (got {doc.text[:60]!r}). "
+                "Fix their \"ws\" flags, or drop \"tokens\" to use the pipeline's tokenizer."
+            )
+    else:
+        doc = nlp.make_doc(text)
+    ents: List[Span] = []
+    if record.get("entities"):
+        ents.extend(_spans(doc, record["entities"], where, "entities"))
+    spans = record.get("spans")
+    if isinstance(spans, dict):
+        for key, items in spans.items():
+            doc.spans[key] = _spans(doc, items, where, f"spans.{key}")
+    elif spans:
+        items = _spans(doc, spans, where, "spans")
+        if spans_key == "ents":
+            ents.extend(items)
+        else:
+            doc.spans[spans_key] = items
+    if ents:
+        try:
+            doc.set_ents(ents)
+        except ValueError as err:
+            raise ValueError(
+                f"{where}: overlapping entities ({err}). Entities may not overlap; put "
+                "overlapping annotation in \"spans\" instead."
+            ) from err
+    cats = record.get("cats")
+    if cats:
+        if not isinstance(cats, dict):
+            raise ValueError(f"{where}: \"cats\" must be an object of label -> score.")
+        doc.cats.update({str(k): float(v) for k, v in cats.items()})
+    if "meta" in record:
+        doc.user_data["meta"] = record["meta"]
+    return doc
+
+
+def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
+    if not isinstance(items, list):
+        raise ValueError(f"{where}: \"{field}\" must be a list of [start, end, label].")
+    spans = []
+    for item in items:
+        start, end, label = _triple(item, where, field)
+        span: Optional[Span] = doc.char_span(start, end, label=label, alignment_mode="strict")
+        if span is None:
+            raise ValueError(
+                f"{where}: {field} span [{start}, {end}, {label!r}] "
+                f"({doc.text[start:end]!r}) does not fall on token boundaries. Fix the "
+                "character offsets, or give the record \"tokens\" that match them."
+            )
+        spans.append(span)
+    return spans
+
+
+def _triple(item: Any, where: str, field: str):
+    if isinstance(item, dict) and {"start", "end", "label"} <= set(item):
+        return int(item["start"]), int(item["end"]), str(item["label"])
+    if isinstance(item, (list, tuple)) and len(item) == 3:
+        return int(item[0]), int(item[1]), str(item[2])
+    raise ValueError(
+        f"{where}: each item of \"{field}\" must be [start, end, label] or "
+        f"{{\"start\", \"end\", \"label\"}}, got {item!r}."
+    )
+
+
+def doc_to_record(doc: Doc) -> dict:
+    """The JSONL record for a doc (text, tokens, entities, span groups, cats): the
+    inverse of `doc_from_record`, for tests and conversions."""
+    record: dict = {
+        "text": doc.text,
+        "tokens": [{"text": t.text, "ws": bool(t.whitespace_)} for t in doc],
+        "entities": [[e.start_char, e.end_char, e.label_] for e in doc.ents],
+    }
+    if doc.spans:
+        record["spans"] = {
+            key: [[s.start_char, s.end_char, s.label_] for s in group]
+            for key, group in doc.spans.items()
+        }
+    if doc.cats:
+        record["cats"] = {k: v for k, v in doc.cats.items() if isinstance(k, str)}
+    return record

@@ -1,0 +1,555 @@
+"""`spacy-lean.Corpus.v1`: a streaming, resumable, rank-aware corpus reader."""
+import gc
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy
+from spacy.language import Language
+from spacy.tokens import Doc, DocBin
+from spacy.training import Example
+from spacy.training.augment import dont_augment
+from spacy.util import registry
+
+from .lengths import WordpieceCounter
+from .shards import (
+    check_rank,
+    count_shard_docs,
+    default_rank_and_size,
+    docbin_docs,
+    iter_shard_docs,
+    list_shards,
+    split_among,
+)
+from .split import DocSplitter, SplitStats, check_max_length
+
+logger = logging.getLogger("spacy_lean.corpus")
+STATE_VERSION = 1
+Ref = Tuple[int, int, int]  # (unit, doc index in the unit, piece index in the doc)
+
+
+@dataclass
+class CorpusStats(SplitStats):
+    """What the reader did in its latest epoch: the `SplitStats` counts plus
+    `examples` (examples yielded, before augmentation) and `max_buffered` (the most
+    pieces held in the shuffle buffer at once)."""
+
+    examples: int = 0
+    max_buffered: int = 0
+
+
+@registry.readers("spacy-lean.Corpus.v1")
+def create_lean_corpus_v1(
+    path: Optional[Union[str, Path]],
+    gold_preproc: bool = False,
+    max_length: int = 0,
+    limit: int = 0,
+    shuffle: bool = False,
+    shuffle_buffer: int = 1000,
+    seed: int = 0,
+    augmenter: Optional[Callable] = None,
+    compact: bool = False,
+    compact_chunk: int = 256,
+    wordpiece_tokenizer: Optional[str] = None,
+    instance_rank: Optional[int] = None,
+    num_instances: Optional[int] = None,
+    share_by: str = "doc",
+    file_format: str = "auto",
+    jsonl_spans_key: str = "sc",
+) -> "LeanCorpus":
+    """Create a memory-lean corpus reader (see `LeanCorpus` for the arguments)."""
+    if path is None:
+        raise ValueError(
+            "spacy-lean.Corpus.v1 needs a path, got None. Set it in the config (e.g. "
+            "[paths] train = \"corpus/train.spacy\") or with --paths.train."
+        )
+    return LeanCorpus(
+        path,
+        gold_preproc=gold_preproc,
+        max_length=max_length,
+        limit=limit,
+        shuffle=shuffle,
+        shuffle_buffer=shuffle_buffer,
+        seed=seed,
+        augmenter=augmenter,
+        compact=compact,
+        compact_chunk=compact_chunk,
+        wordpiece_tokenizer=wordpiece_tokenizer,
+        instance_rank=instance_rank,
+        num_instances=num_instances,
+        share_by=share_by,
+        file_format=file_format,
+        jsonl_spans_key=jsonl_spans_key,
+    )
+
+
+class LeanCorpus:
+    """Iterate Examples from .spacy or .jsonl files, one shard at a time.
+
+    Each call `corpus(nlp)` reads one epoch and returns a `CorpusStream` (an iterator
+    of Examples with a `.state()`); like spaCy's `Corpus` it can be listed.
+
+    path (str / Path): a .spacy or .jsonl file, or a folder of them (walked
+        recursively, sorted).
+    gold_preproc (bool): predicted docs use the gold tokens, and docs are cut at every
+        sentence boundary no entity or span crosses (as spaCy's gold_preproc does,
+        without its losses); max_length still applies.
+    max_length (int): longest example in tokens (or wordpieces), inclusive; longer
+        docs are split (see `spacy_lean.corpus.split`). 0: no limit.
+    limit (int): read only the first `limit` stored docs of the corpus (in file
+        order, empty ones included), before shuffling and sharing. 0: no limit.
+    shuffle (bool): shuffle the shard order and the examples (bounded buffer).
+    shuffle_buffer (int): pieces the shuffle buffer holds at most.
+    seed (int): seed of the shuffle; epoch e uses (seed, e).
+    augmenter (Optional[Callable]): spaCy augmenter applied to every example.
+    compact (bool): on the first call, read the corpus once and keep it in memory
+        as compressed DocBin chunks (already split and shared), decoded a chunk at a
+        time; later epochs read no files.
+    compact_chunk (int): pieces per compact chunk.
+    wordpiece_tokenizer (Optional[str]): count max_length in this Hugging Face
+        tokenizer's wordpieces (special tokens included) instead of spaCy tokens.
+    instance_rank (Optional[int]): this worker's rank; None: from torch.distributed
+        or the RANK environment variable, else 0.
+    num_instances (Optional[int]): number of workers; None: from torch.distributed or
+        WORLD_SIZE, else 1.
+    share_by (str): "doc" (doc i of shard s goes to rank (s + i) % n; every worker
+        reads every shard) or "shard" (whole shards, `split_among`).
+    file_format (str): "auto", "spacy" or "jsonl".
+    jsonl_spans_key (str): span group a .jsonl "spans" list fills ("ents": entities).
+    """
+
+    def __init__(
+        self,
+        path: Union[str, Path],
+        *,
+        gold_preproc: bool = False,
+        max_length: int = 0,
+        limit: int = 0,
+        shuffle: bool = False,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        augmenter: Optional[Callable] = None,
+        compact: bool = False,
+        compact_chunk: int = 256,
+        wordpiece_tokenizer: Optional[str] = None,
+        instance_rank: Optional[int] = None,
+        num_instances: Optional[int] = None,
+        share_by: str = "doc",
+        file_format: str = "auto",
+        jsonl_spans_key: str = "sc",
+    ) -> None:
+        self.max_length = check_max_length(max_length)
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}. Use 0 for no limit.")
+        if shuffle and shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be >= 1 when shuffle is on, got {shuffle_buffer}.")
+        if compact_chunk < 1:
+            raise ValueError(f"compact_chunk must be >= 1, got {compact_chunk}.")
+        if share_by not in ("doc", "shard"):
+            raise ValueError(f"share_by must be 'doc' or 'shard', got {share_by!r}.")
+        suffixes = {"auto": None, "spacy": ".spacy", "jsonl": ".jsonl"}
+        if file_format not in suffixes:
+            raise ValueError(f"file_format must be 'auto', 'spacy' or 'jsonl', got {file_format!r}.")
+        if (instance_rank is None) != (num_instances is None):
+            raise ValueError(
+                "Set both instance_rank and num_instances, or neither (then they come "
+                f"from torch.distributed or RANK/WORLD_SIZE); got {instance_rank} and {num_instances}."
+            )
+        if num_instances is not None:
+            check_rank(instance_rank, num_instances)  # type: ignore[arg-type]
+        self.path = Path(path)
+        self.shards: List[Path] = list_shards(self.path, suffixes[file_format])
+        self.gold_preproc = gold_preproc
+        self.limit = limit
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.augmenter = augmenter if augmenter is not None else dont_augment
+        self.compact = compact
+        self.compact_chunk = compact_chunk
+        self.wordpiece_tokenizer = wordpiece_tokenizer
+        self.instance_rank = instance_rank
+        self.num_instances = num_instances
+        self.share_by = share_by
+        self.jsonl_spans_key = jsonl_spans_key
+        self.epoch = 0
+        self.stats = CorpusStats()
+        self._splitter: Optional[DocSplitter] = None
+        self._limit_plan: Optional[Dict[int, int]] = None
+        self._compact_chunks: Optional[List[bytes]] = None
+        self._compact_stats: Optional[CorpusStats] = None
+        self._resume: Optional[Dict[str, Any]] = None
+        self._last_stream: Optional["CorpusStream"] = None
+        self._warned_oversize = False
+
+    # ----- public API -----
+
+    def __call__(self, nlp: Language) -> "CorpusStream":
+        """Read the next epoch (resuming from `set_state` when one was given).
+
+        nlp (Language): supplies the vocab and tokenizer.
+        RETURNS (CorpusStream): iterator of Examples.
+        """
+        state, self._resume = self._resume, None
+        if state is not None:
+            epoch = int(state["epoch"])
+        else:
+            epoch = self.epoch
+        self.epoch = epoch + 1
+        return self.stream(nlp, epoch=epoch, state=state)
+
+    def stream(
+        self, nlp: Language, *, epoch: int = 0, state: Optional[Dict[str, Any]] = None
+    ) -> "CorpusStream":
+        """Examples of one epoch, from its start or from a saved `state`."""
+        if state is not None:
+            self._check_state(state)
+            epoch = int(state["epoch"])
+        stream = CorpusStream(self, nlp, epoch, state)
+        self._last_stream = stream
+        return stream
+
+    @property
+    def state(self) -> Optional[Dict[str, Any]]:
+        """The position after the latest example the latest stream yielded."""
+        return None if self._last_stream is None else self._last_stream.state()
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """Make the next call `corpus(nlp)` continue from `state` (from `.state`)."""
+        self._check_state(state)
+        self._resume = state
+        self.epoch = int(state["epoch"])
+
+    @property
+    def rank_and_size(self) -> Tuple[int, int]:
+        if self.num_instances is not None:
+            return int(self.instance_rank), int(self.num_instances)  # type: ignore[arg-type]
+        rank, size = default_rank_and_size()
+        check_rank(rank, size)
+        return rank, size
+
+    def compact_nbytes(self) -> int:
+        """Bytes held by the compact chunks (0 before the first call)."""
+        return sum(len(c) for c in self._compact_chunks or [])
+
+    # ----- internals -----
+
+    def _fingerprint(self) -> Dict[str, Any]:
+        rank, size = self.rank_and_size
+        return {
+            "shards": len(self.shards),
+            "max_length": self.max_length,
+            "limit": self.limit,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "seed": self.seed,
+            "gold_preproc": self.gold_preproc,
+            "compact": self.compact,
+            "compact_chunk": self.compact_chunk if self.compact else None,
+            "rank": rank,
+            "size": size,
+            "share_by": self.share_by,
+        }
+
+    def _check_state(self, state: Dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"Not a spacy-lean corpus state (version {STATE_VERSION}): {str(state)[:80]!r}."
+            )
+        ours = self._fingerprint()
+        diff = {k: (v, ours.get(k)) for k, v in state["settings"].items() if ours.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(
+                f"The saved corpus state was taken with other settings ({detail}). "
+                "Resume with the settings it was saved with."
+            )
+
+    def _get_splitter(self) -> DocSplitter:
+        if self._splitter is None:
+            kwargs: Dict[str, Any] = {}
+            if self.wordpiece_tokenizer:
+                counter = WordpieceCounter(self.wordpiece_tokenizer)
+                kwargs = {"get_token_lengths": counter.token_lengths, "n_special": counter.n_special}
+            self._splitter = DocSplitter(
+                self.max_length, split_sentences=self.gold_preproc, **kwargs
+            )
+        return self._splitter
+
+    def _get_limit_plan(self) -> Optional[Dict[int, int]]:
+        """shard index -> how many of its stored docs fall within `limit`."""
+        if not self.limit:
+            return None
+        if self._limit_plan is None:
+            plan, left = {}, self.limit
+            for i, shard in enumerate(self.shards):
+                if left <= 0:
+                    break
+                plan[i] = min(left, count_shard_docs(shard))
+                left -= plan[i]
+            self._limit_plan = plan
+        return self._limit_plan
+
+    def _units(self) -> List[int]:
+        """The units this worker reads: shard indices, or compact chunk indices."""
+        if self.compact:
+            return list(range(len(self._compact_chunks or [])))
+        units = list(range(len(self.shards)))
+        plan = self._get_limit_plan()
+        if plan is not None:
+            units = [u for u in units if u in plan]
+        if self.share_by == "shard":
+            units = split_among(units, *self.rank_and_size)
+        return units
+
+    def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
+        if self.compact:
+            chunk = DocBin(store_user_data=True).from_bytes(self._compact_chunks[unit])  # type: ignore[index]
+            return docbin_docs(chunk, nlp.vocab)
+        return iter_shard_docs(
+            self.shards[unit], nlp.vocab, {"spans_key": self.jsonl_spans_key}, nlp=nlp
+        )
+
+    def _unit_pieces(
+        self, nlp: Language, unit: int, stats: SplitStats, skip_docs: int = 0
+    ) -> Iterator[Tuple[int, List[Doc]]]:
+        """(doc index, pieces) for this worker's docs of one unit."""
+        if self.compact:
+            for d, doc in enumerate(self._unit_docs(nlp, unit)):
+                if d >= skip_docs:
+                    yield d, [doc]
+            return
+        plan = self._get_limit_plan()
+        allowed = plan[unit] if plan is not None else None
+        rank, size = self.rank_and_size
+        by_doc = self.share_by == "doc" and size > 1
+        splitter = self._get_splitter()
+        for d, doc in enumerate(self._unit_docs(nlp, unit)):
+            if allowed is not None and d >= allowed:
+                break
+            if d < skip_docs or (by_doc and (unit + d) % size != rank):
+                continue
+            yield d, splitter(doc, stats)
+
+    def _build_compact(self, nlp: Language) -> None:
+        stats = CorpusStats()
+        chunks: List[bytes] = []
+        doc_bin = DocBin(store_user_data=True)
+        self.compact = False  # read the files while building
+        try:
+            for unit in self._units():
+                for _, pieces in self._unit_pieces(nlp, unit, stats):
+                    for piece in pieces:
+                        doc_bin.add(piece)
+                        if len(doc_bin) >= self.compact_chunk:
+                            chunks.append(doc_bin.to_bytes())
+                            doc_bin = DocBin(store_user_data=True)
+        finally:
+            self.compact = True
+        if len(doc_bin):
+            chunks.append(doc_bin.to_bytes())
+        self._compact_chunks = chunks
+        self._compact_stats = stats
+        self._report(stats)
+        gc.collect()
+        _release_free_memory()
+
+    def _restore_buffer(self, nlp: Language, refs: Sequence[Sequence[int]]) -> List[Tuple[Ref, Doc]]:
+        by_unit: Dict[int, Dict[int, List[int]]] = {}
+        for u, d, k in refs:
+            by_unit.setdefault(u, {}).setdefault(d, []).append(k)
+        found: Dict[Ref, Doc] = {}
+        for u, wanted in by_unit.items():
+            last = max(wanted)
+            for d, pieces in self._unit_pieces(nlp, u, SplitStats()):
+                if d in wanted:
+                    for k in wanted[d]:
+                        found[(u, d, k)] = pieces[k]
+                if d >= last:
+                    break
+        missing = [tuple(r) for r in refs if tuple(r) not in found]
+        if missing:
+            raise ValueError(
+                f"Could not restore the shuffle buffer: {len(missing)} examples (e.g. "
+                f"{missing[0]}) are not in the corpus any more. Was it changed since the "
+                "state was saved?"
+            )
+        return [((u, d, k), found[(u, d, k)]) for u, d, k in refs]
+
+    def _make_example(self, nlp: Language, ref: Doc) -> Example:
+        if self.gold_preproc or ref.has_unknown_spaces:
+            words = [t.text for t in ref]
+            spaces = [bool(t.whitespace_) for t in ref]
+            return Example(Doc(nlp.vocab, words=words, spaces=spaces), ref)
+        return Example(nlp.make_doc(ref.text), ref)
+
+    def _note_oversize(self, stats: SplitStats) -> None:
+        if stats.oversize_pieces and not self._warned_oversize:
+            self._warned_oversize = True
+            warnings.warn(
+                f"spacy-lean.Corpus.v1 ({self.path}): a piece is longer than "
+                f"max_length={self.max_length} because an entity, span or token in it is "
+                "longer; it is kept whole, not dropped. See corpus.stats.oversize_pieces "
+                "(and give the batcher a budget that fits it).",
+                UserWarning,
+            )
+
+    def _report(self, stats: SplitStats) -> None:
+        self._note_oversize(stats)
+        if stats.docs_split or stats.empty_docs:
+            logger.info(
+                "spacy-lean.Corpus.v1 %s: %d docs (%d empty, skipped), %d split into %d "
+                "pieces (%d cuts at sentences, %d inside sentences, %d oversize pieces, "
+                "%d dependency arcs cut)",
+                self.path, stats.docs, stats.empty_docs, stats.docs_split, stats.pieces,
+                stats.sentence_cuts, stats.token_cuts, stats.oversize_pieces, stats.cut_arcs,
+            )
+
+
+class CorpusStream:
+    """One epoch of a `LeanCorpus`: an iterator of Examples whose position after the
+    latest example is `state()`, a small JSON-serialisable dict. Resuming a stream from
+    that state (`corpus.stream(nlp, state=...)` or `corpus.set_state(...)`) yields
+    exactly what this stream would have yielded next. With an augmenter that yields
+    several examples per source example, the state is exact between source examples."""
+
+    def __init__(
+        self, corpus: LeanCorpus, nlp: Language, epoch: int, state: Optional[Dict[str, Any]]
+    ) -> None:
+        self.corpus = corpus
+        self.nlp = nlp
+        self.epoch = epoch
+        self._start = state
+        self._pos: Tuple[int, int, int] = (0, 0, 0)
+        self._done = False
+        self._yielded = 0
+        self._buffer: List[Tuple[Ref, Doc]] = []
+        self._rng: Optional[numpy.random.Generator] = None
+        if state is not None:
+            self._pos = tuple(state["pos"])  # type: ignore[assignment]
+            self._done = bool(state["done"])
+            self._yielded = int(state["yielded"])
+        self._iter = self._augmented()
+
+    def __iter__(self) -> "CorpusStream":
+        return self
+
+    def __next__(self) -> Example:
+        return next(self._iter)
+
+    def state(self) -> Dict[str, Any]:
+        """The position after the latest yielded example, as a JSON-serialisable dict."""
+        rng = self._rng.bit_generator.state if self._rng is not None else None
+        if rng is None and self._start is not None:
+            rng = self._start["rng"]
+        buffer = [list(ref) for ref, _ in self._buffer]
+        if self._rng is None and self._start is not None:
+            buffer = self._start["buffer"]
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "pos": list(self._pos),
+            "done": self._done,
+            "yielded": self._yielded,
+            "buffer": buffer,
+            "rng": _jsonable_rng(rng),
+            "settings": self.corpus._fingerprint(),
+        }
+
+    def _augmented(self) -> Iterator[Example]:
+        corpus, nlp = self.corpus, self.nlp
+        for ref in self._pieces():
+            example = corpus._make_example(nlp, ref)
+            for eg in corpus.augmenter(nlp, example):  # type: ignore[operator]
+                yield eg
+
+    def _pieces(self) -> Iterator[Doc]:
+        corpus, nlp = self.corpus, self.nlp
+        if corpus.compact and corpus._compact_chunks is None:
+            corpus._build_compact(nlp)
+        stats = CorpusStats()
+        corpus.stats = stats
+        if corpus.compact:
+            stats.merge(corpus._compact_stats)  # type: ignore[arg-type]
+        rng = numpy.random.Generator(numpy.random.PCG64([corpus.seed, self.epoch]))
+        order = corpus._units()
+        if corpus.shuffle:
+            order = [order[i] for i in rng.permutation(len(order))]
+        self._rng = rng
+        pos, doc_start, piece_start = self._pos
+        if self._start is not None:
+            if self._start["rng"] is not None:
+                rng.bit_generator.state = _rng_from_json(self._start["rng"])
+            self._buffer = corpus._restore_buffer(nlp, self._start["buffer"])
+        buffer = self._buffer
+        size = corpus.shuffle_buffer
+        split_stats = stats if not corpus.compact else SplitStats()
+        if not self._done:
+            for p in range(pos, len(order)):
+                unit = order[p]
+                skip = doc_start if p == pos else 0
+                for d, pieces in corpus._unit_pieces(nlp, unit, split_stats, skip):
+                    corpus._note_oversize(split_stats)
+                    first = piece_start if (p == pos and d == doc_start) else 0
+                    for k in range(first, len(pieces)):
+                        self._pos = (p, d, k + 1)
+                        item = ((unit, d, k), pieces[k])
+                        if not corpus.shuffle:
+                            stats.examples += 1
+                            self._yielded += 1
+                            yield item[1]
+                        elif len(buffer) < size:
+                            buffer.append(item)
+                            stats.max_buffered = max(stats.max_buffered, len(buffer))
+                        else:
+                            j = int(rng.integers(size))
+                            out, buffer[j] = buffer[j], item
+                            stats.examples += 1
+                            self._yielded += 1
+                            yield out[1]
+            self._done = True
+            self._pos = (len(order), 0, 0)
+        while buffer:
+            j = int(rng.integers(len(buffer)))
+            out = buffer[j]
+            buffer[j] = buffer[-1]
+            buffer.pop()
+            stats.examples += 1
+            self._yielded += 1
+            yield out[1]
+        if not corpus.compact:
+            corpus._report(stats)
+
+
+def _release_free_memory() -> None:
+    """Give the heap that the build pass freed back to the OS (glibc only), so that
+    the compact corpus's resident size is what it holds, not what it once used."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _jsonable_rng(state: Any) -> Any:
+    if state is None:
+        return None
+    inner = state["state"]
+    return {
+        "bit_generator": state["bit_generator"],
+        "state": {"state": str(inner["state"]), "inc": str(inner["inc"])},
+        "has_uint32": int(state["has_uint32"]),
+        "uinteger": int(state["uinteger"]),
+    }
+
+
+def _rng_from_json(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "bit_generator": state["bit_generator"],
+        "state": {"state": int(state["state"]["state"]), "inc": int(state["state"]["inc"])},
+        "has_uint32": state["has_uint32"],
+        "uinteger": state["uinteger"],
+    }

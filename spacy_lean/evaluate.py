@@ -1,0 +1,660 @@
+"""Streaming evaluation: take a window of examples, pipe it in batches, reduce the
+predictions to mergeable score states, drop the docs.
+
+`Language.evaluate` lists and copies the whole dev set and keeps every predicted doc
+(with its transformer output) alive until scoring. `evaluate` here gives the same
+numbers with memory bounded by one read-ahead window of examples plus one batch of
+activations, whatever the size of the dev set. The same loop backs the
+`[nlp.after_pipeline_creation]` callback (so `spacy train` and `spacy evaluate` stream),
+the `spacy lean evaluate` command, its checkpoints and its workers.
+"""
+import hashlib
+import itertools
+import os
+import types
+import warnings
+from pathlib import Path
+from timeit import default_timer as timer
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy
+import srsly
+from spacy.errors import Errors
+from spacy.language import Language
+from spacy.scorer import Scorer
+from spacy.tokens import Doc, DocBin
+from spacy.training import Corpus, Example, validate_examples
+from spacy.util import registry
+
+from ._compat import has_cupy, has_torch
+
+CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
+STRIP_CALLBACK_NAME = "spacy-lean.strip_streaming_evaluate.v1"
+CHECKPOINT_FORMAT = "spacy-lean.eval-checkpoint.v1"
+# Read-ahead window, in batches, when no window size is given: the window is sorted by
+# length before it is cut into batches, which cuts padding in the transformer.
+DEFAULT_WINDOW_BATCHES = 8
+# Doc extensions that hold (views of) a whole batch's activations. They are released
+# as soon as a doc has been through the pipeline: no built-in scorer reads them.
+_ACTIVATION_EXTENSIONS = ("trf_data",)
+
+
+class CorruptShardError(ValueError):
+    """A data file could not be read."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint was written for another model, other data or another scorer."""
+
+
+def cuda_oom_errors() -> Tuple[type, ...]:
+    """The out-of-memory exception classes of the installed GPU libraries.
+
+    RETURNS (Tuple[type, ...]): torch's and cupy's OutOfMemoryError, where installed.
+    """
+    errors: List[type] = []
+    if has_torch:
+        import torch
+
+        oom = getattr(torch.cuda, "OutOfMemoryError", None)
+        if oom is not None:
+            errors.append(oom)
+    if has_cupy:  # pragma: no cover - needs cupy
+        import cupy
+
+        errors.append(cupy.cuda.memory.OutOfMemoryError)
+    return tuple(errors)
+
+
+def _free_gpu_cache() -> None:
+    if has_torch:
+        import torch
+
+        if torch.cuda.is_available():  # pragma: no cover - needs CUDA
+            torch.cuda.empty_cache()
+    if has_cupy:  # pragma: no cover - needs cupy
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _release_activations(doc: Doc) -> None:
+    """Drop what pins a batch's activations: transformer output and `doc.tensor`."""
+    for name in _ACTIVATION_EXTENSIONS:
+        if Doc.has_extension(name) and doc._.get(name) is not None:
+            doc._.set(name, None)
+    if getattr(doc.tensor, "size", 0):
+        doc.tensor = numpy.zeros((0,), dtype="float32")
+
+
+class _ScorerFallbackState:
+    """Score state for a custom `Scorer` subclass: its `score` method cannot be
+    reduced batch by batch, so it keeps slim copies of the examples (predicted docs
+    without activations) and scores them at the end."""
+
+    def __init__(self, scorer: Scorer, per_component: bool):
+        self.scorer = scorer
+        self.per_component = per_component
+        self.examples: List[Example] = []
+        self.n_words = 0
+        self.seconds = 0.0
+
+    def update(self, examples: Sequence[Example]) -> None:
+        for eg in examples:
+            _release_activations(eg.predicted)
+            self.examples.append(eg)
+
+    def add_speed(self, n_words: int, seconds: float) -> None:
+        self.n_words += n_words
+        self.seconds += seconds
+
+    def result(self) -> Dict[str, Any]:
+        scores = self.scorer.score(self.examples, per_component=self.per_component)
+        scores["speed"] = self.n_words / self.seconds if self.seconds else 0.0
+        return scores
+
+
+def make_score_state(
+    nlp: Language,
+    *,
+    scorer: Optional[Scorer] = None,
+    scorer_cfg: Optional[Dict[str, Any]] = None,
+    per_component: bool = False,
+):
+    """The mergeable score state that `evaluate` updates, built like
+    `Language.evaluate` builds its `Scorer`.
+
+    nlp (Language): the pipeline.
+    scorer (Optional[Scorer]): a `Scorer`; its `nlp` and `cfg` are used. A subclass of
+        `Scorer` cannot be streamed: its examples are kept (slimmed) and it is called
+        once at the end, with a warning.
+    scorer_cfg (Optional[dict]): keyword arguments for the scorers (ignored when
+        `scorer` is given, as in `Language.evaluate`).
+    per_component (bool): key the scores by component name.
+    RETURNS (PipelineScoreState): the state.
+    """
+    from .scoring import make_pipeline_state
+
+    if scorer is None:
+        cfg = dict(scorer_cfg or {})
+        score_nlp = cfg.pop("nlp", nlp)
+        return make_pipeline_state(score_nlp, scorer_cfg=cfg, per_component=per_component)
+    if type(scorer) is Scorer:
+        return make_pipeline_state(
+            scorer.nlp, scorer_cfg=dict(scorer.cfg), per_component=per_component
+        )
+    warnings.warn(
+        f"The scorer {type(scorer).__name__} is a subclass of spacy.scorer.Scorer, whose "
+        "results cannot be computed batch by batch: spacy-lean keeps a slim copy of every "
+        "example and calls its score() once at the end, so memory grows with the data. "
+        "Pass scorer=None (and scorer_cfg) to stream, or register mergeable twins for "
+        "your components' scorers (see spacy_lean.scoring).",
+        UserWarning,
+    )
+    return _ScorerFallbackState(scorer, per_component)
+
+
+class StreamingEvaluator:
+    """Evaluates a pipeline over a stream of examples in bounded memory.
+
+    It reads a window of examples, sorts it by length, pipes it in batches, updates
+    the score state with the window in the original order (so per-type dicts are
+    ordered as `Language.evaluate` orders them), and drops the docs. A batch that
+    runs out of GPU memory is halved and retried; later batches keep the smaller size.
+    """
+
+    def __init__(
+        self,
+        nlp: Language,
+        *,
+        batch_size: Optional[int] = None,
+        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+        scorer: Optional[Scorer] = None,
+        scorer_cfg: Optional[Dict[str, Any]] = None,
+        per_component: bool = False,
+        window_size: Optional[int] = None,
+        state: Any = None,
+        on_oom: Optional[Callable[[int, int], None]] = None,
+    ):
+        """Initialise the evaluator.
+
+        nlp (Language): the pipeline to evaluate.
+        batch_size (Optional[int]): docs per `nlp.pipe` batch; defaults to `nlp.batch_size`.
+        component_cfg (Optional[dict]): extra keyword arguments per component, as in
+            `Language.evaluate`.
+        scorer (Optional[Scorer]): see `make_score_state`.
+        scorer_cfg (Optional[dict]): keyword arguments for the scorers.
+        per_component (bool): key the scores by component name.
+        window_size (Optional[int]): examples read ahead and sorted by length before
+            batching; 0 or 1 keeps the input order. Defaults to 8 batches.
+        state (Optional[PipelineScoreState]): a state to continue (from a checkpoint).
+        on_oom (Optional[Callable[[int, int], None]]): called with (failed batch size,
+            new batch size) when a batch ran out of GPU memory. Defaults to a warning.
+        """
+        if batch_size is None:
+            batch_size = nlp.batch_size
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        if window_size is None:
+            window_size = DEFAULT_WINDOW_BATCHES * batch_size
+        if window_size < 0:
+            raise ValueError(f"window_size must be >= 0, got {window_size}. Use 0 to keep the input order.")
+        self.nlp = nlp
+        self.batch_size = batch_size
+        self.sort_window = window_size > 1
+        self.window_size = max(window_size, batch_size)
+        self.component_cfg = component_cfg if component_cfg is not None else {}
+        if state is None:
+            state = make_score_state(
+                nlp, scorer=scorer, scorer_cfg=scorer_cfg, per_component=per_component
+            )
+        self.state = state
+        self.on_oom = on_oom if on_oom is not None else _warn_oom
+        self._oom_types = cuda_oom_errors()
+        self.n_examples = 0  # examples consumed from the stream, skipped ones included
+        self.n_batches = 0
+        self.n_words = 0
+        self.oom_events: List[Tuple[int, int]] = []
+
+    def run(
+        self,
+        examples: Iterable[Example],
+        *,
+        skip: int = 0,
+        on_window: Optional[Callable[["StreamingEvaluator"], None]] = None,
+    ):
+        """Evaluate every example of `examples`, lazily.
+
+        examples (Iterable[Example]): gold examples; any iterable, consumed once.
+        skip (int): examples at the start of the stream that were already counted
+            (resuming from a checkpoint); they are read and dropped, not piped.
+        on_window (Optional[Callable]): called with the evaluator after each window.
+        RETURNS (PipelineScoreState): the updated state.
+        """
+        if not isinstance(examples, Iterable):
+            raise TypeError(Errors.E978.format(name="Language.evaluate", types=type(examples)))
+        stream = iter(examples)
+        if skip:
+            skipped = sum(1 for _ in itertools.islice(stream, skip))
+            if skipped < skip:
+                raise CheckpointMismatchError(
+                    f"The checkpoint has {skip} examples counted, but the data has only "
+                    f"{skipped}: it was made with other data. Delete the checkpoint to start over."
+                )
+            self.n_examples += skip
+        while True:
+            window = list(itertools.islice(stream, self.window_size))
+            if not window:
+                break
+            validate_examples(window, "Language.evaluate")
+            self._evaluate_window(window)
+            self.n_examples += len(window)
+            del window
+            if on_window is not None:
+                on_window(self)
+        return self.state
+
+    def _evaluate_window(self, window: List[Example]) -> None:
+        if self.sort_window:
+            order = sorted(range(len(window)), key=lambda i: len(window[i].predicted))
+        else:
+            order = list(range(len(window)))
+        scored: List[Optional[Example]] = [None] * len(window)
+        pos = 0
+        while pos < len(order):
+            indices = order[pos : pos + self.batch_size]
+            for i, eg in zip(indices, self._pipe_batch([window[i] for i in indices])):
+                scored[i] = eg
+            pos += len(indices)
+        self.state.update(scored)
+
+    def _pipe_batch(self, batch: List[Example]) -> List[Example]:
+        """Pipe copies of one batch's predicted docs; on OOM, halve and retry."""
+        try:
+            return self._pipe(batch)
+        except self._oom_types:
+            if len(batch) <= 1:
+                raise
+        # Outside the except block, so the failed attempt's frames (and tensors) are freed.
+        _free_gpu_cache()
+        half = (len(batch) + 1) // 2
+        self.oom_events.append((len(batch), half))
+        self.batch_size = min(self.batch_size, half)
+        self.on_oom(len(batch), half)
+        return self._pipe_batch(batch[:half]) + self._pipe_batch(batch[half:])
+
+    def _pipe(self, batch: List[Example]) -> List[Example]:
+        # Copies, as Language.evaluate makes: the caller's predicted docs stay untouched.
+        copies = [Example(eg.predicted.copy(), eg.reference) for eg in batch]
+        start = timer()
+        for eg in copies:  # timing parity with Language.evaluate, which tokenizes once
+            self.nlp.make_doc(eg.reference.text)
+        docs = list(
+            self.nlp.pipe(
+                (eg.predicted for eg in copies),
+                batch_size=len(copies),
+                component_cfg=self.component_cfg,
+            )
+        )
+        seconds = timer() - start
+        n_words = 0
+        for eg, doc in zip(copies, docs):
+            _release_activations(doc)
+            eg.predicted = doc
+            n_words += len(doc)
+        self.state.add_speed(n_words, seconds)
+        self.n_words += n_words
+        self.n_batches += 1
+        return copies
+
+
+def _warn_oom(failed: int, new: int) -> None:
+    warnings.warn(
+        f"Out of GPU memory on a batch of {failed} docs: retrying it in batches of "
+        f"{new}, and using that batch size from now on. Pass a smaller batch_size to "
+        "avoid the retry.",
+        ResourceWarning,
+    )
+
+
+def evaluate(
+    nlp: Language,
+    examples: Iterable[Example],
+    *,
+    batch_size: Optional[int] = None,
+    scorer: Optional[Scorer] = None,
+    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+    scorer_cfg: Optional[Dict[str, Any]] = None,
+    per_component: bool = False,
+    window_size: Optional[int] = None,
+) -> Dict[str, Any]:
+    """Evaluate a pipeline like `Language.evaluate`, streaming.
+
+    The examples are consumed lazily, a window at a time; the predicted docs are
+    reduced to counts and dropped, so memory does not grow with the number of examples.
+    The caller's examples are not modified.
+
+    nlp (Language): the pipeline.
+    examples (Iterable[Example]): gold examples (a list, a generator, a corpus...).
+    batch_size (Optional[int]): docs per batch; defaults to `nlp.batch_size`.
+    scorer (Optional[Scorer]): as in `Language.evaluate`.
+    component_cfg (Optional[dict]): extra keyword arguments per component.
+    scorer_cfg (Optional[dict]): extra keyword arguments for the scorers.
+    per_component (bool): key the scores by component name.
+    window_size (Optional[int]): examples read ahead and sorted by length; 0 keeps the
+        input order (the scores are the same either way). Defaults to 8 batches.
+    RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
+    """
+    evaluator = StreamingEvaluator(
+        nlp,
+        batch_size=batch_size,
+        component_cfg=component_cfg,
+        scorer=scorer,
+        scorer_cfg=scorer_cfg,
+        per_component=per_component,
+        window_size=window_size,
+    )
+    return evaluator.run(examples).result()
+
+
+# ---------------------------------------------------------------------------------
+# spaCy integration: make `nlp.evaluate` streaming on an instance.
+
+
+def install_streaming_evaluate(nlp: Language, *, window_size: Optional[int] = None) -> Language:
+    """Replace `nlp.evaluate` on this instance by the streaming `evaluate`.
+
+    nlp (Language): the pipeline; modified in place.
+    window_size (Optional[int]): default read-ahead window (see `evaluate`).
+    RETURNS (Language): the same pipeline.
+    """
+
+    def streaming_evaluate(
+        self: Language,
+        examples: Iterable[Example],
+        *,
+        batch_size: Optional[int] = None,
+        scorer: Optional[Scorer] = None,
+        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+        scorer_cfg: Optional[Dict[str, Any]] = None,
+        per_component: bool = False,
+    ) -> Dict[str, Any]:
+        return evaluate(
+            self,
+            examples,
+            batch_size=batch_size,
+            scorer=scorer,
+            component_cfg=component_cfg,
+            scorer_cfg=scorer_cfg,
+            per_component=per_component,
+            window_size=window_size,
+        )
+
+    streaming_evaluate.__doc__ = evaluate.__doc__
+    nlp.evaluate = types.MethodType(streaming_evaluate, nlp)  # type: ignore[method-assign]
+    return nlp
+
+
+def is_streaming(nlp: Language) -> bool:
+    """Whether `nlp.evaluate` was made streaming by `install_streaming_evaluate`."""
+    method = nlp.__dict__.get("evaluate")
+    return getattr(getattr(method, "__func__", None), "__name__", "") == "streaming_evaluate"
+
+
+@registry.callbacks(CALLBACK_NAME)
+def make_streaming_evaluate_v1(window_size: Optional[int] = None) -> Callable[[Language], Language]:
+    """An `[nlp.after_pipeline_creation]` callback that makes `nlp.evaluate` streaming,
+    so `spacy train`'s dev evaluation and `spacy evaluate` use bounded memory.
+
+    A pipeline saved with it names it in its config and needs spacy-lean to load; add
+    `spacy-lean.strip_streaming_evaluate.v1` as `[training.before_to_disk]` to save
+    pipelines that load without spacy-lean.
+
+    window_size (Optional[int]): examples read ahead and sorted by length (see
+        `spacy_lean.evaluate`); null for 8 batches, 0 to keep the input order.
+    RETURNS (Callable[[Language], Language]): the callback.
+    """
+
+    def after_pipeline_creation(nlp: Language) -> Language:
+        return install_streaming_evaluate(nlp, window_size=window_size)
+
+    return after_pipeline_creation
+
+
+@registry.callbacks(STRIP_CALLBACK_NAME)
+def make_strip_streaming_evaluate_v1() -> Callable[[Language], Language]:
+    """A `[training.before_to_disk]` callback that removes
+    `spacy-lean.streaming_evaluate.v1` from the config of the pipeline being saved, so
+    the saved pipeline loads where spacy-lean is not installed (and evaluates with
+    spaCy's own `Language.evaluate` there). Training keeps streaming.
+
+    RETURNS (Callable[[Language], Language]): the callback.
+    """
+
+    def before_to_disk(nlp: Language) -> Language:
+        nlp_cfg = nlp.config["nlp"]
+        callback = nlp_cfg.get("after_pipeline_creation") or {}
+        if isinstance(callback, dict) and callback.get("@callbacks") == CALLBACK_NAME:
+            nlp_cfg["after_pipeline_creation"] = None
+        return nlp
+
+    return before_to_disk
+
+
+# ---------------------------------------------------------------------------------
+# Data: .spacy files, folders of shards, .jsonl; read lazily, one shard at a time.
+
+def list_shards(path: Union[str, Path]) -> List[Path]:
+    """The data files of an evaluation set, in the order spaCy reads them (see
+    `spacy_lean.corpus.shards.list_shards`).
+
+    path (Union[str, Path]): a .spacy file, a .jsonl file, or a folder of either
+        (searched recursively, hidden files skipped, sorted).
+    RETURNS (List[Path]): the files.
+    """
+    from .corpus.shards import list_shards as list_corpus_shards
+
+    return list_corpus_shards(path)
+
+
+def _read_docs(shard: Path, nlp: Language) -> Iterator[Doc]:
+    from .corpus.shards import iter_shard_docs
+
+    docs = iter_shard_docs(shard, nlp.vocab, nlp=nlp)
+    while True:
+        try:
+            doc = next(docs)
+        except StopIteration:
+            return
+        except (ValueError, OSError) as e:
+            raise CorruptShardError(str(e)) from e
+        yield doc
+
+
+def read_examples(
+    nlp: Language,
+    shards: Iterable[Union[str, Path]],
+    *,
+    gold_preproc: bool = False,
+    part: Tuple[int, int] = (0, 1),
+) -> Iterator[Example]:
+    """Yield evaluation examples from data files, reading one file at a time, made as
+    `spacy evaluate` makes them (`spacy.Corpus`, no length limit).
+
+    nlp (Language): the pipeline (vocab and tokenizer).
+    shards (Iterable[Path]): files from `list_shards`.
+    gold_preproc (bool): use gold tokens and sentences, as `spacy evaluate -G`.
+    part (Tuple[int, int]): (k, n): yield only the k-th of n contiguous, near-equal
+        parts of the examples (splits one file among workers; reads it whole).
+    RETURNS (Iterator[Example]): the examples.
+    """
+    for shard in shards:
+        shard = Path(shard)
+        corpus = Corpus(shard, gold_preproc=gold_preproc)
+        ref_docs = (doc for doc in _read_docs(shard, nlp) if len(doc))
+        if gold_preproc:
+            examples = corpus.make_examples_gold_preproc(nlp, ref_docs)
+        else:
+            examples = corpus.make_examples(nlp, ref_docs)
+        if part == (0, 1):
+            yield from examples
+        else:
+            k, n = part
+            examples = list(examples)
+            start, end = (len(examples) * k) // n, (len(examples) * (k + 1)) // n
+            yield from examples[start:end]
+
+
+def path_fingerprint(paths: Iterable[Union[str, Path]], sample_bytes: int = 1 << 20) -> str:
+    """A hash of files (or folders, walked) from their names, sizes and contents.
+
+    Files up to 8 MiB are hashed whole; larger ones by their size and their first,
+    middle and last `sample_bytes`.
+    RETURNS (str): a hex digest.
+    """
+    digest = hashlib.sha256()
+    for root in paths:
+        root = Path(root)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            rel = path.name if path == root else path.relative_to(root).as_posix()
+            size = path.stat().st_size
+            digest.update(f"{rel}\0{size}\0".encode("utf8"))
+            with path.open("rb") as file_:
+                if size <= 8 * sample_bytes:
+                    for chunk in iter(lambda: file_.read(sample_bytes), b""):
+                        digest.update(chunk)
+                else:
+                    for offset in (0, size // 2, size - sample_bytes):
+                        file_.seek(offset)
+                        digest.update(file_.read(sample_bytes))
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------
+# Checkpoints: the score state and the position in the stream, saved atomically.
+
+
+class EvalCheckpoint:
+    """Saves an evaluation's state every N batches and resumes from it.
+
+    The file holds the score state, the number of examples counted (or, with several
+    workers, the state of each finished unit) and the fingerprints of the model, the
+    data, the scorer and the work layout; resuming with any of them changed is refused.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, Path],
+        *,
+        model_fingerprint: str,
+        data_fingerprint: str,
+        layout: str = "stream",
+        every: int = 50,
+    ):
+        """Initialise the checkpoint.
+
+        path (Union[str, Path]): the JSON file.
+        model_fingerprint (str): identifies the pipeline (see `path_fingerprint`).
+        data_fingerprint (str): identifies the data.
+        layout (str): "stream" for one process, else a description of the units.
+        every (int): save every `every` batches (at the end of a window).
+        """
+        if every < 1:
+            raise ValueError(f"Checkpoint every must be >= 1 batch, got {every}.")
+        self.path = Path(path)
+        self.model_fingerprint = model_fingerprint
+        self.data_fingerprint = data_fingerprint
+        self.layout = layout
+        self.every = every
+        self._saved_at_batch = 0
+        self.n_saves = 0
+
+    def load(
+        self, nlp: Language, state_fingerprint: str, scorer_cfg: Optional[Dict[str, Any]] = None
+    ) -> Optional[Dict[str, Any]]:
+        """Read the checkpoint, if there is one, and check it fits this run.
+
+        nlp (Language): the pipeline, to restore the states.
+        state_fingerprint (str): the fingerprint of this run's score state.
+        scorer_cfg (Optional[dict]): the scorer settings of this run.
+        RETURNS (Optional[dict]): None when there is no file; else a dict with the
+            restored "state" (or None), "units" (index -> state), "n_examples",
+            "n_batches" and "done".
+        """
+        if not self.path.exists():
+            return None
+        try:
+            data = srsly.read_json(self.path)
+        except Exception as e:
+            raise CheckpointMismatchError(
+                f"Could not read the checkpoint {self.path} ({e}). Delete it to start over."
+            ) from e
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointMismatchError(
+                f"{self.path} is not a spacy-lean evaluation checkpoint. Give another "
+                "--checkpoint path, or delete the file to start over."
+            )
+        for what, key, value in (
+            ("another model", "model", self.model_fingerprint),
+            ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
+            ("another scorer configuration (or --per-component setting)", "scorer", state_fingerprint),
+            ("another number of workers", "layout", self.layout),
+        ):
+            if data.get(key) != value:
+                raise CheckpointMismatchError(
+                    f"The checkpoint {self.path} was made with {what}: refusing to resume, "
+                    "the scores would mix two evaluations. Rerun with the same model, data "
+                    "and options, give another --checkpoint path, or delete the file to "
+                    "start over."
+                )
+        from .scoring import PipelineScoreState
+
+        self._saved_at_batch = int(data.get("n_batches", 0))
+        state = data.get("state")
+        return {
+            "state": PipelineScoreState.from_dict(state, nlp, scorer_cfg) if state is not None else None,
+            "units": {int(k): v for k, v in (data.get("units") or {}).items()},
+            "n_examples": int(data.get("n_examples", 0)),
+            "n_batches": int(data.get("n_batches", 0)),
+            "done": bool(data.get("done", False)),
+        }
+
+    def save(
+        self,
+        state: Any,
+        *,
+        n_examples: int = 0,
+        n_batches: int = 0,
+        done: bool = False,
+        units: Optional[Dict[int, Dict[str, Any]]] = None,
+    ) -> None:
+        """Write the checkpoint atomically (a crash mid-write leaves the old one).
+
+        state (PipelineScoreState): the merged state; with `units`, only its
+            fingerprint is stored.
+        units (Optional[Dict[int, dict]]): finished units ({"state": to_dict(), "n_examples": n}), by index.
+        """
+        data = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model_fingerprint,
+            "data": self.data_fingerprint,
+            "scorer": state.fingerprint,
+            "layout": self.layout,
+            "n_examples": n_examples,
+            "n_batches": n_batches,
+            "done": done,
+            "state": state.to_dict() if units is None else None,
+            "units": {str(k): v for k, v in (units or {}).items()},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(srsly.json_dumps(data), encoding="utf8")
+        os.replace(tmp, self.path)
+        self.n_saves += 1
+
+    def on_window(self, evaluator: StreamingEvaluator) -> None:
+        """`StreamingEvaluator.run` hook: save once `every` batches have passed."""
+        if evaluator.n_batches - self._saved_at_batch >= self.every:
+            self.save(evaluator.state, n_examples=evaluator.n_examples, n_batches=evaluator.n_batches)
+            self._saved_at_batch = evaluator.n_batches

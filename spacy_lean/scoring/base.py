@@ -1,0 +1,179 @@
+"""Building blocks shared by the mergeable score states.
+
+A score state reduces examples to counts (`update`), adds another state's counts
+to its own (`merge`), turns its counts into the numbers spaCy's scorer reports
+(`result`) and round-trips through JSON (`to_dict` / `load_dict`).
+"""
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from spacy.scorer import PRFScore
+from spacy.training import Example
+
+
+class ScoreState:
+    """Base class of every mergeable score state.
+
+    Subclasses keep only counts (no docs, no examples) and implement `update`,
+    `_merge`, `result`, `to_dict` and `load_dict`.
+    """
+
+    #: A short name stored in `to_dict`, checked on `load_dict`.
+    kind: str = "state"
+
+    def update(self, examples: Iterable[Example]) -> None:
+        """Reduce examples whose `.predicted` is already processed to counts.
+
+        examples (Iterable[Example]): The examples to count.
+        """
+        raise NotImplementedError
+
+    def merge(self, other: "ScoreState") -> "ScoreState":
+        """Add the counts of `other` to this state, in place. `other` is taken to
+        hold examples that come *after* this state's examples: where a result keeps
+        first-appearance order (per-type dicts), merging in data order reproduces
+        the order a single pass gives.
+
+        other (ScoreState): A state of the same kind and configuration.
+        RETURNS (ScoreState): self.
+        """
+        if type(other) is not type(self):
+            raise TypeError(
+                f"Cannot merge a {type(other).__name__} into a {type(self).__name__}: "
+                "states must come from the same scorer and configuration."
+            )
+        self._merge(other)
+        return self
+
+    def _merge(self, other: "ScoreState") -> None:
+        raise NotImplementedError
+
+    def result(self) -> Dict[str, Any]:
+        """RETURNS (Dict[str, Any]): The scores, as spaCy's scorer reports them."""
+        raise NotImplementedError
+
+    def to_dict(self) -> Dict[str, Any]:
+        """RETURNS (Dict[str, Any]): The counts, JSON-serialisable."""
+        raise NotImplementedError
+
+    def load_dict(self, data: Dict[str, Any]) -> "ScoreState":
+        """Replace this state's counts by those in `data` (from `to_dict`).
+
+        data (Dict[str, Any]): The output of `to_dict` of a state of the same kind.
+        RETURNS (ScoreState): self.
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], **cfg) -> "ScoreState":
+        """Build a state with the scorer settings `cfg` and load counts into it.
+
+        data (Dict[str, Any]): The output of `to_dict`.
+        **cfg: The scorer settings the state was created with.
+        RETURNS (ScoreState): The restored state.
+        """
+        return cls(**cfg).load_dict(data)
+
+    def _check_kind(self, data: Dict[str, Any]) -> None:
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind != self.kind:
+            raise ValueError(
+                f"Cannot load counts of kind {kind!r} into a {type(self).__name__} "
+                f"(kind {self.kind!r}). Restore the state with the pipeline and scorer "
+                "settings it was saved with."
+            )
+
+
+# -- PRF counts ---------------------------------------------------------------
+
+
+def prf_copy(prf: PRFScore) -> PRFScore:
+    return PRFScore(tp=prf.tp, fp=prf.fp, fn=prf.fn)
+
+
+def prf_to_list(prf: PRFScore) -> List[int]:
+    return [int(prf.tp), int(prf.fp), int(prf.fn)]
+
+
+def prf_from_list(values: Sequence[int]) -> PRFScore:
+    tp, fp, fn = values
+    return PRFScore(tp=int(tp), fp=int(fp), fn=int(fn))
+
+
+def prf_add_counts(prf: PRFScore, tp: int, fp: int, fn: int) -> None:
+    prf.tp += int(tp)
+    prf.fp += int(fp)
+    prf.fn += int(fn)
+
+
+def merge_ordered_prf(mine: Dict[Any, PRFScore], theirs: Dict[Any, PRFScore]) -> None:
+    """Add `theirs` into `mine`: shared keys are summed, keys new to `mine` are
+    appended in `theirs`' order (an ordered union, which is associative)."""
+    for key, prf in theirs.items():
+        if key in mine:
+            mine[key] += prf
+        else:
+            mine[key] = prf_copy(prf)
+
+
+def per_type_to_list(per_type: Dict[str, PRFScore]) -> List[List[Any]]:
+    return [[key, *prf_to_list(prf)] for key, prf in per_type.items()]
+
+
+def per_type_from_list(rows: Iterable[Sequence[Any]]) -> Dict[str, PRFScore]:
+    return {row[0]: prf_from_list(row[1:]) for row in rows}
+
+
+def prf_dicts(per_type: Dict[str, PRFScore]) -> Dict[str, Dict[str, float]]:
+    return {key: prf.to_dict() for key, prf in per_type.items()}
+
+
+# -- Floats in JSON ------------------------------------------------------------
+# srsly.json_dumps keeps 10 significant digits, so floats whose exact value
+# matters (scores for ROC AUC, timings) travel as hex strings.
+
+
+def float_to_json(value: float) -> str:
+    return float(value).hex()
+
+
+def float_from_json(value: Any) -> float:
+    if isinstance(value, str):
+        return float.fromhex(value)
+    return float(value)
+
+
+def callable_name(obj: Any) -> str:
+    """A stable description of a callable, for fingerprints and messages."""
+    func = getattr(obj, "func", None)  # functools.partial
+    if func is not None and hasattr(obj, "keywords"):
+        kw = ", ".join(f"{k}={v!r}" for k, v in sorted(obj.keywords.items()))
+        return f"partial({callable_name(func)}, {kw})"
+    module = getattr(obj, "__module__", None) or ""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name is None:
+        return type(obj).__qualname__
+    return f"{module}.{name}" if module else name
+
+
+def describe_value(value: Any) -> Any:
+    """A JSON-friendly, stable description of a scorer setting."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return float_to_json(value)
+    if isinstance(value, dict):
+        return {str(k): describe_value(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [describe_value(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((describe_value(v) for v in value), key=repr)
+    if callable(value):
+        return f"<callable {callable_name(value)}>"
+    return f"<{type(value).__qualname__} {value!r}>"
+
+
+def is_default_getter(getter: Optional[Any]) -> bool:
+    return getter is None or getter is getattr
+
+
+Counts = Tuple[int, int, int]

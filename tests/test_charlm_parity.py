@@ -1,0 +1,158 @@
+"""Same vectors as Flair's FlairEmbeddings for the same checkpoints and sentences.
+
+The reference vectors in tests/data/charlm were computed by flair 0.15.1 (see
+scripts/make_flair_reference.py); flair itself is not needed to run these tests.
+"""
+import json
+from pathlib import Path
+
+import numpy
+import pytest
+import spacy
+import torch
+from spacy.tokens import Doc
+
+from spacy_lean.charlm import CharLM
+from spacy_lean.charlm.embed import CharLMEmbedder
+
+DATA = Path(__file__).parent / "data" / "charlm"
+MODES = {
+    "default": {},
+    "nows": {"with_whitespace": False},
+    "lower": {"is_lower": True},
+    "plain": {"tokenized_lm": False},
+}
+CASES = [("h64", m) for m in ("default", "nows", "lower", "plain")] + [
+    ("proj", "default"), ("proj", "nows"), ("flairwritten", "default")]
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny LSTMs on a shared 2-core machine: a second intra-op thread only adds
+    contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return json.loads((DATA / "sentences.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def docs(sentences):
+    vocab = spacy.blank("en").vocab
+    return [Doc(vocab, words=s["words"], spaces=s["spaces"]) for s in sentences]
+
+
+def _lms(pair):
+    return (CharLM.load(DATA / f"{pair}-forward.pt", has_decoder=False),
+            CharLM.load(DATA / f"{pair}-backward.pt", has_decoder=False))
+
+
+def test_fixture_sentences_cover_the_tricky_cases(sentences):
+    text = " ".join(" ".join(s["words"]) for s in sentences)
+    forward, _ = _lms("h64")
+    assert "☃" in text and forward.dictionary.get_idx("☃") == 0  # an unknown character
+    assert "İ" in text and len("İ".lower()) == 2  # lowercasing lengthens the text
+    assert max(len(w) for s in sentences for w in s["words"]) > 60  # a long token
+    assert any(not all(s["spaces"][:-1]) for s in sentences)  # tokens without a space
+
+
+@pytest.mark.parametrize("pair,mode", CASES)
+@pytest.mark.parametrize("batch_size,concurrent", [(32, False), (3, True)])
+def test_vectors_equal_flair(docs, pair, mode, batch_size, concurrent):
+    embedder = CharLMEmbedder(*_lms(pair), batch_size=batch_size, concurrent=concurrent,
+                              **MODES[mode])
+    vectors, n_tokens = embedder(docs)
+    reference = numpy.load(DATA / f"ref_{pair}_{mode}.npy")
+    assert n_tokens.tolist() == [len(d) for d in docs]
+    assert vectors.shape == reference.shape
+    assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
+
+
+def test_batches_of_one_text(docs):
+    embedder = CharLMEmbedder(*_lms("h64"), batch_size=1)
+    vectors, _ = embedder(docs)
+    reference = numpy.load(DATA / "ref_h64_default.npy")
+    assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pair,mode", [("h64", "default"), ("proj", "nows")])
+def test_vectors_equal_flair_on_gpu(docs, pair, mode):
+    """The reference comes from CPU; cuDNN must not use TF32 for the comparison."""
+    fw, bw = (lm.to("cuda") for lm in _lms(pair))
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        vectors, _ = CharLMEmbedder(fw, bw, **MODES[mode])(docs)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+    assert vectors.device.type == "cuda"
+    reference = numpy.load(DATA / f"ref_{pair}_{mode}.npy")
+    assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
+
+
+def test_word_lists_and_docs_give_the_same_vectors(docs, sentences):
+    embedder = CharLMEmbedder(*_lms("h64"))
+    from_docs, _ = embedder(docs)
+    from_words, _ = embedder([s["words"] for s in sentences])
+    assert numpy.array_equal(from_docs.numpy(), from_words.numpy())
+
+
+def test_one_direction_is_half_of_the_pair(docs):
+    forward, backward = _lms("h64")
+    reference = numpy.load(DATA / "ref_h64_default.npy")
+    only_fw, _ = CharLMEmbedder(forward)(docs)
+    only_bw, _ = CharLMEmbedder(backward_lm=backward)(docs)
+    assert float(numpy.abs(only_fw.numpy() - reference[:, :64]).max()) <= TOLERANCE
+    assert float(numpy.abs(only_bw.numpy() - reference[:, 64:]).max()) <= TOLERANCE
+
+
+def test_order_and_batching_do_not_change_vectors(docs):
+    """Sorting by length and batching are internal: shuffled input gives the same
+    rows for each doc."""
+    embedder = CharLMEmbedder(*_lms("proj"), batch_size=4)
+    reference = embedder.split(docs)
+    perm = numpy.random.RandomState(0).permutation(len(docs))
+    shuffled = embedder.split([docs[i] for i in perm])
+    for k, i in enumerate(perm):
+        assert float((shuffled[k] - reference[i]).abs().max()) <= TOLERANCE
+
+
+def test_empty_docs_and_empty_input(docs):
+    vocab = docs[0].vocab
+    embedder = CharLMEmbedder(*_lms("h64"))
+    vectors, n_tokens = embedder([Doc(vocab, words=[]), docs[5], Doc(vocab, words=[])])
+    assert n_tokens.tolist() == [0, len(docs[5]), 0]
+    alone, _ = embedder([docs[5]])
+    assert numpy.array_equal(vectors.numpy(), alone.numpy())
+    vectors, n_tokens = embedder([])
+    assert vectors.shape == (0, 128) and n_tokens.tolist() == []
+
+
+def test_threads_setting_is_restored(docs):
+    import torch
+
+    before = torch.get_num_threads()
+    embedder = CharLMEmbedder(*_lms("h64"), threads=1)
+    reference = numpy.load(DATA / "ref_h64_default.npy")
+    vectors, _ = embedder(docs)
+    assert torch.get_num_threads() == before
+    assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
+
+
+def test_embedder_errors():
+    forward, backward = _lms("h64")
+    with pytest.raises(ValueError, match="needs a forward LM, a backward LM, or both"):
+        CharLMEmbedder()
+    with pytest.raises(ValueError, match="forward LM slot got a backward LM"):
+        CharLMEmbedder(backward, forward)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        CharLMEmbedder(forward, batch_size=0)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        CharLMEmbedder(forward, threads=0)

@@ -1,0 +1,286 @@
+"""spaCy integration: the `spacy-lean.CharLMEmbed.v1` layer, the `char_lm` component,
+and the memory they keep (weakref release tests)."""
+import gc
+import json
+import shutil
+import weakref
+from pathlib import Path
+
+import numpy
+import pytest
+import spacy
+import torch
+from spacy.tokens import Doc
+from spacy.training import Example
+from spacy.util import registry
+from thinc.api import Adam
+
+from spacy_lean.charlm import CharLM
+from spacy_lean.charlm.embed import CharLMEmbedder
+from spacy_lean.charlm.layer import build_charlm_embed_v1, get_pair
+
+DATA = Path(__file__).parent / "data" / "charlm"
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny LSTMs on a shared 2-core machine: a second intra-op thread only adds
+    contention (it can make these tests 50x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return json.loads((DATA / "sentences.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def docs(sentences):
+    vocab = spacy.blank("en").vocab
+    return [Doc(vocab, words=s["words"], spaces=s["spaces"]) for s in sentences]
+
+
+@pytest.fixture
+def lm_paths(tmp_path):
+    """Copies of the h64 checkpoints that a test may delete."""
+    paths = {}
+    for direction in ("forward", "backward"):
+        paths[direction] = tmp_path / f"{direction}.pt"
+        shutil.copy(DATA / f"h64-{direction}.pt", paths[direction])
+    return paths
+
+
+def _watch_hidden_states(lms):
+    """Weak references to every LM output tensor (`rnn_output`, [seq, batch, H])."""
+    refs = []
+    handles = [
+        lm.register_forward_hook(lambda mod, inp, out: refs.append(weakref.ref(out[1])))
+        for lm in lms
+    ]
+    return refs, handles
+
+
+def _alive(refs):
+    gc.collect()
+    return sum(ref() is not None for ref in refs)
+
+
+# --- release tests -------------------------------------------------------------------
+
+
+def test_embedder_frees_hidden_states_and_returns_only_token_rows(docs):
+    lms = [CharLM.load(DATA / f"h64-{d}.pt", has_decoder=False) for d in ("forward", "backward")]
+    refs, _ = _watch_hidden_states(lms)
+    vectors, n_tokens = CharLMEmbedder(*lms, batch_size=4)(docs)
+    assert len(refs) == 2 * 5  # 20 texts in batches of 4, two LMs
+    assert _alive(refs) == 0
+    assert vectors.untyped_storage().nbytes() == int(n_tokens.sum()) * 128 * 4
+    assert not vectors.requires_grad
+
+
+def test_embedder_with_grad_keeps_autograd_then_frees(docs):
+    lms = [CharLM.load(DATA / f"h64-{d}.pt", has_decoder=False) for d in ("forward", "backward")]
+    refs, _ = _watch_hidden_states(lms)
+    vectors, _ = CharLMEmbedder(*lms, batch_size=8)(docs, grad=True)
+    assert vectors.requires_grad
+    vectors.square().sum().backward()
+    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0
+               for lm in lms for p in lm.rnn.parameters())
+    del vectors
+    assert _alive(refs) == 0
+
+
+def test_layer_frozen_frees_hidden_states_in_training_too(lm_paths, docs):
+    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]))
+    model.initialize()
+    pair = get_pair(model)
+    refs, _ = _watch_hidden_states([pair.forward_lm, pair.backward_lm])
+    Y, backprop = model.begin_update(docs)
+    assert _alive(refs) == 0 and len(refs) > 0
+    assert [y.shape for y in Y] == [(len(d), 128) for d in docs]
+    assert backprop([model.ops.alloc2f(*y.shape) for y in Y]) == []
+    assert all(p.grad is None and not p.requires_grad for p in pair.parameters())
+
+
+def test_layer_fine_tune_keeps_autograd_and_frees_after_backprop(lm_paths, docs):
+    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]),
+                                  fine_tune=True)
+    model.initialize()
+    pair = get_pair(model)
+    before = pair.forward_lm.rnn.weight_hh_l0.detach().clone()
+    refs, _ = _watch_hidden_states([pair.forward_lm, pair.backward_lm])
+    Y, backprop = model.begin_update(docs)
+    backprop([model.ops.xp.ones_like(y) for y in Y])
+    assert float(pair.forward_lm.rnn.weight_hh_l0.grad.abs().sum()) > 0
+    del Y, backprop
+    assert _alive(refs) == 0
+    model.finish_update(Adam(0.01))
+    assert not torch.equal(before, pair.forward_lm.rnn.weight_hh_l0.detach())
+
+
+def test_component_keeps_a_compact_copy_per_doc(lm_paths, docs):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("char_lm", config={"model": {
+        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"])}})
+    nlp.initialize()
+    pair = get_pair(nlp.get_pipe("char_lm").model)
+    refs, _ = _watch_hidden_states([pair.forward_lm, pair.backward_lm])
+    out = list(nlp.pipe(docs, batch_size=8))
+    assert _alive(refs) == 0 and len(refs) > 0
+    for doc in out:
+        assert isinstance(doc.tensor, numpy.ndarray)
+        assert doc.tensor.base is None  # owns its memory: not a view of the batch
+        assert doc.tensor.nbytes == len(doc) * 128 * 4
+    reference = numpy.load(DATA / "ref_h64_default.npy")
+    got = numpy.concatenate([doc.tensor for doc in out])
+    assert float(numpy.abs(got - reference).max()) <= TOLERANCE
+
+
+# --- the component ---------------------------------------------------------------------
+
+
+def test_component_extension_store_and_lazy_load(lm_paths, docs):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("char_lm", config={"store": "charlm_vectors", "model": {
+        "forward_lm": str(lm_paths["forward"]), "backward_lm": None}})
+    doc = nlp(docs[0])  # no nlp.initialize(): the checkpoint is read on first use
+    assert doc._.charlm_vectors.shape == (len(doc), 64)
+    assert doc.tensor.size == 0
+    reference = numpy.load(DATA / "ref_h64_default.npy")[: len(doc), :64]
+    assert float(numpy.abs(doc._.charlm_vectors - reference).max()) <= TOLERANCE
+
+
+def test_component_round_trips_without_the_checkpoints(lm_paths, docs, tmp_path):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("char_lm", config={"model": {
+        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"])}})
+    nlp.initialize()
+    expected = nlp(docs[3]).tensor.copy()
+    data = nlp.to_bytes()
+    nlp.to_disk(tmp_path / "pipeline")
+    for path in lm_paths.values():
+        path.unlink()  # the weights must travel with the pipeline
+    loaded = spacy.load(tmp_path / "pipeline")
+    assert numpy.array_equal(loaded(docs[3]).tensor, expected)
+    blank = spacy.blank("en")
+    blank.add_pipe("char_lm")
+    blank.from_bytes(data)
+    assert numpy.array_equal(blank(docs[3]).tensor, expected)
+
+
+def test_component_errors(docs):
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match="store must be a valid extension name"):
+        nlp.add_pipe("char_lm", name="bad", config={"store": "not valid"})
+    nlp.add_pipe("char_lm")
+    with pytest.raises(ValueError, match="no language models to load"):
+        nlp(docs[0])
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        spacy.blank("en").add_pipe(
+            "char_lm", config={"model": {"forward_lm": "missing.pt"}}
+        ).initialize()
+
+
+# --- the layer inside a trained pipeline ----------------------------------------------
+
+
+NER_CONFIG = """
+[nlp]
+lang = "en"
+pipeline = ["ner"]
+
+[components]
+
+[components.ner]
+factory = "ner"
+
+[components.ner.model]
+@architectures = "spacy.TransitionBasedParser.v2"
+state_type = "ner"
+extra_state_tokens = false
+hidden_width = 32
+maxout_pieces = 2
+use_upper = true
+
+[components.ner.model.tok2vec]
+@layers = "chain.v1"
+
+[components.ner.model.tok2vec.*.charlm]
+@architectures = "spacy-lean.CharLMEmbed.v1"
+forward_lm = "FORWARD"
+backward_lm = "BACKWARD"
+fine_tune = FINE_TUNE
+
+[components.ner.model.tok2vec.*.proj]
+@layers = "with_array.v1"
+
+[components.ner.model.tok2vec.*.proj.layer]
+@layers = "Linear.v1"
+nO = 32
+"""
+
+
+def _ner_nlp(lm_paths, fine_tune=False):
+    config = spacy.util.load_config_from_str(
+        NER_CONFIG.replace("FORWARD", str(lm_paths["forward"]))
+        .replace("BACKWARD", str(lm_paths["backward"]))
+        .replace("FINE_TUNE", "true" if fine_tune else "false")
+    )
+    return spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+
+
+def _charlm_layer(nlp):
+    return next(node for node in nlp.get_pipe("ner").model.walk() if node.name == "charlm_embed")
+
+
+@pytest.mark.parametrize("fine_tune", [False, True])
+def test_ner_trains_and_serialises_with_charlm_tok2vec(lm_paths, ner_docs, tmp_path, fine_tune):
+    nlp = _ner_nlp(lm_paths, fine_tune)
+    short = [d for d in ner_docs if len(d) < 40][:8]
+    examples = [Example(nlp.make_doc(d.text), d) for d in short]
+    nlp.initialize(lambda: examples)
+    optimizer = Adam(0.01)
+    pair = get_pair(_charlm_layer(nlp))
+    lm_before = pair.forward_lm.rnn.weight_ih_l0.detach().clone()
+    losses = []
+    for _ in range(20):
+        step = {}
+        nlp.update(examples, sgd=optimizer, losses=step)
+        losses.append(step["ner"])
+    assert all(numpy.isfinite(losses))
+    assert numpy.mean(losses[-3:]) < 0.8 * losses[0]
+    changed = not torch.equal(lm_before, pair.forward_lm.rnn.weight_ih_l0.detach())
+    assert changed is fine_tune  # frozen by default; fine-tuning updates the LM
+
+    texts = [d.text for d in ner_docs[10:14]]
+    before = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in nlp.pipe(texts)]
+    tok2vec_before = nlp.get_pipe("ner").model.get_ref("tok2vec").predict(
+        [nlp.make_doc(t) for t in texts])
+    nlp.to_disk(tmp_path / "ner")
+    for path in lm_paths.values():
+        path.unlink()  # the LM weights travel inside the pipeline, not as a path
+    loaded = spacy.load(tmp_path / "ner")
+    after = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in loaded.pipe(texts)]
+    tok2vec_after = loaded.get_pipe("ner").model.get_ref("tok2vec").predict(
+        [loaded.make_doc(t) for t in texts])
+    assert after == before
+    for a, b in zip(tok2vec_before, tok2vec_after):
+        assert numpy.allclose(a, b, atol=1e-6)
+    assert torch.equal(
+        get_pair(_charlm_layer(loaded)).forward_lm.rnn.weight_ih_l0.detach(),
+        pair.forward_lm.rnn.weight_ih_l0.detach(),
+    )
+
+
+def test_layer_resolves_from_registry_and_infers_width(lm_paths, docs):
+    make = registry.architectures.get("spacy-lean.CharLMEmbed.v1")
+    model = make(forward_lm=str(lm_paths["forward"]), backward_lm=None)
+    assert not model.has_dim("nO") or model.get_dim("nO") is None
+    model.initialize(X=docs[:2])
+    assert model.get_dim("nO") == 64
+    assert [y.shape for y in model.predict(docs[:3])] == [(len(d), 64) for d in docs[:3]]
+    assert model.predict([]) == []

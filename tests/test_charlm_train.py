@@ -1,0 +1,147 @@
+"""Training a character LM: the loss falls, checkpoints are Flair-format, resume
+after an interruption is bitwise identical on CPU, and the CLI works."""
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from spacy_lean import synthetic
+from spacy_lean.charlm.loader import CharLMLoader, EncodedText
+from spacy_lean.charlm.model import CharDictionary, CharLM
+from spacy_lean.charlm.train import MODEL_FILE, STATE_FILE, train_charlm
+
+# A tiny LSTM: a few hundred steps take about a second on one CPU thread.
+TINY = dict(
+    hidden_size=32, embedding_size=16, bptt=30, batch_size=8, gpu_id=-1, progress=False,
+)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("charlm_text") / "train.txt"
+    path.write_text("\n".join(synthetic.generated_sentences(400, seed=11)) + "\n", encoding="utf8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_loss_falls(text_file, tmp_path, forward):
+    result = train_charlm(
+        [text_file], tmp_path, is_forward_lm=forward, lr=20.0, max_epochs=3, max_steps=240,
+        log_every=20, **TINY,
+    )
+    assert result.step == 240
+    first, last = result.losses[0][1], result.losses[-1][1]
+    assert last < 0.7 * first, result.losses
+    assert result.perplexities[-1][1] < 10.0
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    assert state["loader"]["reverse"] is (not forward)
+    assert result.model.is_forward_lm is forward
+
+
+def test_checkpoint_is_a_flair_lm_with_the_trained_weights(text_file, tmp_path):
+    result = train_charlm([text_file], tmp_path, max_steps=20, nout=8, **TINY)
+    loaded = CharLM.load(tmp_path / MODEL_FILE)
+    assert _same_weights(loaded, result.model)
+    assert loaded.nout == 8 and loaded.hidden_size == 32 and loaded.is_forward_lm
+    assert loaded.dictionary == result.model.dictionary
+    # The encoded corpus is stored once, as bytes (the dictionary has < 256 entries).
+    assert (tmp_path / "corpus" / "ids.bin").stat().st_size == text_file.stat().st_size
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "end-of-epoch", "next-epoch"])
+def test_resume_after_interruption_is_bitwise_identical(text_file, tmp_path, where):
+    """Adam (its state matters), 2 layers, dropout, random sequence lengths;
+    interrupted in the first epoch, exactly after its last batch, or in the second."""
+    kwargs = dict(
+        nlayers=2, dropout=0.2, optimizer="adam", lr=0.01, max_epochs=3, log_every=10,
+        checkpoint_every=25, **TINY,
+    )
+    full = train_charlm([text_file], tmp_path / "full", max_steps=160, **kwargs)
+    encoded = EncodedText(tmp_path / "full" / "corpus")
+    epoch_len = sum(1 for _ in CharLMLoader(encoded, TINY["batch_size"], TINY["bptt"], seed=0))
+    assert 40 < epoch_len < 150
+    stop_at = {"mid-epoch": 37, "end-of-epoch": epoch_len, "next-epoch": epoch_len + 3}[where]
+    part = train_charlm([text_file], tmp_path / "part", max_steps=stop_at, **kwargs)
+    assert part.step == stop_at and not _same_weights(part.model, full.model)
+    resumed = train_charlm([text_file], tmp_path / "part", max_steps=160, resume=True, **kwargs)
+    assert resumed.step == 160 and resumed.epoch == full.epoch
+    assert _same_weights(resumed.model, full.model)
+    assert resumed.losses == full.losses
+
+
+def test_resume_from_a_periodic_checkpoint(text_file, tmp_path):
+    """A run killed after its last periodic checkpoint resumes from that checkpoint
+    and ends where an uninterrupted run does."""
+    kwargs = dict(max_epochs=2, log_every=10, checkpoint_every=30, **TINY)
+    full = train_charlm([text_file], tmp_path / "full", max_steps=90, **kwargs)
+    train_charlm([text_file], tmp_path / "killed", max_steps=60, **kwargs)
+    # Simulate the crash: keep the checkpoint of step 60, as if it died at step 75.
+    state = torch.load(tmp_path / "killed" / STATE_FILE, weights_only=True)
+    assert state["step"] == 60
+    resumed = train_charlm([text_file], tmp_path / "killed", max_steps=90, resume=True, **kwargs)
+    assert _same_weights(resumed.model, full.model)
+
+
+def test_given_dictionary_is_used(text_file, tmp_path):
+    dictionary = CharDictionary(["<unk>"] + [chr(c) for c in range(32, 127)] + ["\n"])
+    result = train_charlm([text_file], tmp_path, max_steps=5, dictionary=dictionary, **TINY)
+    assert result.model.dictionary == dictionary
+    assert CharLM.load(tmp_path / MODEL_FILE).dictionary == dictionary
+
+
+def test_resume_errors(text_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match="Cannot resume"):
+        train_charlm([text_file], tmp_path / "nothing", resume=True, **TINY)
+    train_charlm([text_file], tmp_path / "fw", max_steps=3, **TINY)
+    with pytest.raises(ValueError, match="forward LM"):
+        train_charlm([text_file], tmp_path / "fw", resume=True, is_forward_lm=False, **TINY)
+    with pytest.raises(ValueError, match="optimizer"):
+        train_charlm([text_file], tmp_path / "x", optimizer="lamb", **TINY)
+
+
+def test_changed_text_is_reencoded_and_refuses_to_resume(text_file, tmp_path):
+    text = tmp_path / "t.txt"
+    shutil.copy(text_file, text)
+    train_charlm([text], tmp_path / "run", max_steps=3, **TINY)
+    text.write_text(text.read_text() + "more text\n")
+    with pytest.raises(ValueError, match="characters"):
+        train_charlm([text], tmp_path / "run", max_steps=6, resume=True, **TINY)
+
+
+def test_cli_trains_and_resumes(text_file, tmp_path):
+    from spacy.cli._util import app
+
+    import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
+
+    out = tmp_path / "cli"
+    args = [
+        "lean", "train-charlm", str(text_file), str(out), "--direction", "backward",
+        "--hidden-size", "16", "--embedding-size", "8", "--bptt", "20", "-b", "4",
+        "--gpu-id", "-1", "--threads", "1", "--log-every", "5",
+    ]
+    runner = CliRunner()
+    result = runner.invoke(app, args + ["--max-steps", "10"])
+    assert result.exit_code == 0, result.output
+    assert "perplexity" in result.output
+    lm = CharLM.load(out / MODEL_FILE)
+    assert not lm.is_forward_lm and lm.hidden_size == 16
+    result = runner.invoke(app, args + ["--max-steps", "20", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert torch.load(out / STATE_FILE, weights_only=True)["step"] == 20
+    result = runner.invoke(app, args[:-2] + ["--resume", "--direction", "forward"])
+    assert result.exit_code == 1
+    assert "backward LM" in result.output

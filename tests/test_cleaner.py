@@ -1,0 +1,428 @@
+"""Tests for the `lean_cleaner` component, on the real trained transformer + ner
+pipeline from the fixtures."""
+import gc
+import warnings
+import weakref
+
+import numpy
+import pytest
+import spacy
+from numpy.testing import assert_allclose
+from spacy.language import Language
+from spacy.tokens import Doc
+from spacy.training import Example
+
+from spacy_lean import synthetic
+from spacy_lean.cleaner import LeanCleaner, LeanCleanerWarning, _nbytes
+from spacy_lean.consumers import find_consumers
+
+
+@Language.component("lean_test_trf_reader", requires=["doc._.trf_data"])
+def _trf_reader(doc):
+    return doc
+
+
+@pytest.fixture(scope="module")
+def texts(blank_nlp):
+    # Enough docs for several transformer batches (the fixture's batch_size is 32).
+    return [d.text for d in synthetic.make_ner_docs(blank_nlp, 80, seed=11)]
+
+
+def _ents(docs):
+    return [[(e.start, e.end, e.label_) for e in doc.ents] for doc in docs]
+
+
+def _record_batches(nlp):
+    """Wrap the transformer's set_annotations to keep weakrefs to each batch's
+    tensors: the FullTransformerBatch, its torch tensors and the numpy arrays that
+    each doc's trf_data views point into."""
+    trf = nlp.get_pipe("transformer")
+    refs = []
+    original = trf.set_annotations
+
+    def set_annotations(docs, predictions):
+        original(docs, predictions)
+        refs.append(weakref.ref(predictions))
+        for value in predictions.model_output.values():
+            refs.append(weakref.ref(value))
+        for doc in docs:
+            hidden = doc._.trf_data.model_output["last_hidden_state"]
+            assert hidden.base is not None  # a view of the batch
+            base = hidden
+            while base.base is not None and isinstance(base.base, numpy.ndarray):
+                base = base.base
+            refs.append(weakref.ref(base))
+
+    trf.set_annotations = set_annotations
+    return refs
+
+
+def _alive(refs):
+    gc.collect()
+    return sum(ref() is not None for ref in refs)
+
+
+def test_predictions_identical_and_trf_data_released(trf_ner_nlp, texts):
+    expected = _ents(trf_ner_nlp.pipe(texts))
+    assert any(expected), "the fixture pipeline should predict some entities"
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner")
+    assert trf_ner_nlp.pipe_names[-1] == "lean_cleaner"
+    docs = list(trf_ner_nlp.pipe(texts))
+    assert _ents(docs) == expected
+    assert all(doc._.trf_data is None for doc in docs)
+    assert all(doc.tensor.size == 0 for doc in docs)
+    assert cleaner.stats["docs"] == len(texts)
+    assert cleaner.stats["trf_data"] == len(texts)
+    assert cleaner.stats["released_docs"] == len(texts)
+    assert cleaner.stats["released_bytes"] > 0
+    # nlp(text) goes through __call__
+    doc = trf_ner_nlp(texts[0])
+    assert doc._.trf_data is None
+    assert _ents([doc]) == expected[:1]
+    assert cleaner.stats["docs"] == len(texts) + 1
+
+
+def test_released_bytes_counts_each_docs_views(trf_ner_nlp, texts):
+    kept = list(trf_ner_nlp.pipe(texts[:10]))
+    expected = sum(_nbytes(doc._.trf_data) for doc in kept)
+    hidden = sum(doc._.trf_data.model_output["last_hidden_state"].nbytes for doc in kept)
+    assert expected >= hidden > 0
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner")
+    list(trf_ner_nlp.pipe(texts[:10]))
+    assert cleaner.stats["released_bytes"] == expected
+
+
+def test_weakrefs_to_batch_tensors_are_dead(trf_ner_nlp, texts):
+    # Control: without the cleaner, kept docs pin every batch.
+    refs = _record_batches(trf_ner_nlp)
+    docs = list(trf_ner_nlp.pipe(texts, batch_size=16))
+    n_refs = len(refs)
+    assert n_refs > len(texts)
+    assert _alive(refs) > 0
+    del docs
+    assert _alive(refs) == 0
+    # With the cleaner, no kept doc references the batches.
+    refs.clear()
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    docs = list(trf_ner_nlp.pipe(texts, batch_size=16))
+    assert len(refs) == n_refs
+    assert len(docs) == len(texts)
+    assert _alive(refs) == 0
+
+
+def test_weakrefs_dead_with_compact_vectors(trf_ner_nlp, texts):
+    refs = _record_batches(trf_ner_nlp)
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float16"})
+    docs = list(trf_ner_nlp.pipe(texts, batch_size=16))
+    assert all(doc.tensor.shape == (len(doc), 32) for doc in docs)
+    assert all(doc.tensor.base is None for doc in docs)
+    assert _alive(refs) == 0
+
+
+def test_placement_before_listener_raises(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner", before="ner")
+    with pytest.raises(ValueError) as err:
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    msg = str(err.value)
+    assert "component 2 of 3" in msg
+    assert "'ner'" in msg and "doc._.trf_data" in msg and "listens to 'transformer'" in msg
+    assert "nlp.remove_pipe('lean_cleaner')" in msg
+    with pytest.raises(ValueError, match="component 2 of 3"):
+        list(trf_ner_nlp.pipe(["Ada Lindqvist visited Veldmark ."]))
+    # The fix from the message works.
+    trf_ner_nlp.remove_pipe("lean_cleaner")
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    assert trf_ner_nlp("Ada Lindqvist visited Veldmark .")._.trf_data is None
+
+
+def test_placement_in_config_raises(trf_ner_dir):
+    nlp = spacy.load(trf_ner_dir)
+    config = nlp.config.copy()
+    config["nlp"]["pipeline"] = ["transformer", "lean_cleaner", "ner"]
+    config["components"]["lean_cleaner"] = {"factory": "lean_cleaner"}
+    nlp2 = spacy.util.load_model_from_config(config, auto_fill=True)
+    with pytest.raises(ValueError, match="reads doc._.trf_data"):
+        nlp2.initialize()
+
+
+def test_unlinked_listener_is_found_by_walking_the_model(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner", first=True)
+    # add_pipe re-links listeners; forget them, as after sourcing a component.
+    trf_ner_nlp.get_pipe("transformer").listener_map = {}
+    with pytest.raises(ValueError, match="transformer-listener layer"):
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+
+
+def test_rechecks_when_pipeline_changes(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    trf_ner_nlp.add_pipe("lean_test_trf_reader")
+    with pytest.raises(ValueError, match="requires=\\['doc._.trf_data'\\]"):
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    # Disabling the consumer makes the placement fine again.
+    with trf_ner_nlp.select_pipes(disable=["lean_test_trf_reader"]):
+        assert trf_ner_nlp("Ada Lindqvist visited Veldmark .")._.trf_data is None
+
+
+def test_user_named_consumers(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"consumers": ["sentencizer"]})
+    trf_ner_nlp.add_pipe("sentencizer")
+    with pytest.raises(ValueError, match="'sentencizer' runs after it.*`consumers` setting"):
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    trf_ner_nlp.remove_pipe("lean_cleaner")
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"consumers": ["no_such_pipe"]})
+    with pytest.raises(ValueError, match="no_such_pipe"):
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+
+
+def test_tok2vec_listener_reads_doc_tensor():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("lean_cleaner")
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    doc = nlp.make_doc("A short example")
+    example = Example.from_dict(doc, {"tags": ["X", "Y", "Z"]})
+    with pytest.raises(ValueError, match="'tagger' runs after it and reads doc.tensor"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeanCleanerWarning)
+            nlp.initialize(lambda: [example])
+    consumers = find_consumers(nlp, ["doc.tensor"])
+    assert [c.component for c in consumers] == ["tagger"]
+
+
+def test_compact_vectors_equal_wordpiece_means(trf_ner_nlp, texts):
+    # Keep trf_data (trf_data=false) so the same docs carry both, then compare.
+    trf_ner_nlp.add_pipe(
+        "lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"}
+    )
+    docs = list(trf_ner_nlp.pipe(texts[:20]))
+    checked = 0
+    for doc in docs:
+        trf_data = doc._.trf_data
+        hidden = trf_data.model_output["last_hidden_state"]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        assert doc.tensor.shape == (len(doc), flat.shape[1])
+        assert doc.tensor.dtype == numpy.float32
+        for i in range(len(doc)):
+            rows = flat[trf_data.align[i].dataXd.reshape(-1)]
+            expected = rows.mean(axis=0) if len(rows) else numpy.zeros(flat.shape[1])
+            assert_allclose(doc.tensor[i], expected, rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked == sum(len(doc) for doc in docs)
+    # Token vectors now come from the compact tensor.
+    assert_allclose(docs[0][0].vector, docs[0].tensor[0])
+
+
+def test_compact_vectors_float16(trf_ner_nlp, texts):
+    reference = LeanCleaner(None, compact_vectors="float32", trf_data=False)
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float16"})
+    docs = list(trf_ner_nlp.pipe(texts[:10]))
+    assert all(doc.tensor.dtype == numpy.float16 for doc in docs)
+    assert all(doc._.trf_data is None for doc in docs)
+    assert cleaner.stats["compact_bytes"] == sum(doc.tensor.nbytes for doc in docs)
+    trf_ner_nlp.remove_pipe("lean_cleaner")
+    for doc16, doc in zip(docs, trf_ner_nlp.pipe(texts[:10])):
+        reference(doc)
+        assert_allclose(doc16.tensor.astype("f"), doc.tensor, rtol=2e-3, atol=2e-3)
+
+
+def test_compact_vectors_whitespace_token_gets_zeros(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float32"})
+    doc = trf_ner_nlp("Ada Lindqvist   visited Veldmark .")
+    space = [t.i for t in doc if t.is_space]
+    assert space, "the tokenizer should make a whitespace token"
+    # spacy-transformers aligns no wordpiece to a whitespace token
+    assert not doc.tensor[space[0]].any()
+    assert doc.tensor[0].any()
+
+
+def test_no_op_in_update(trf_ner_dir, blank_nlp):
+    train_docs = synthetic.make_ner_docs(blank_nlp, 8, seed=21)
+    losses = []
+    for with_cleaner in (False, True):
+        nlp = spacy.load(trf_ner_dir)
+        if with_cleaner:
+            cleaner = nlp.add_pipe("lean_cleaner")
+        examples = [Example(nlp.make_doc(d.text), d) for d in train_docs]
+        spacy.util.fix_random_seed(0)
+        optimizer = nlp.resume_training()
+        step_losses = {}
+        for _ in range(2):
+            nlp.update(examples, sgd=optimizer, losses=step_losses)
+        losses.append(step_losses)
+        if with_cleaner:
+            assert cleaner.stats["docs"] == 0
+    assert losses[0] == losses[1]
+    assert losses[0]["ner"] > 0
+
+
+def test_evaluate_with_cleaner(trf_ner_nlp, dev_examples):
+    expected = trf_ner_nlp.evaluate(dev_examples)
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    scores = trf_ner_nlp.evaluate(dev_examples)
+    assert scores["ents_f"] == expected["ents_f"]
+    assert scores["ents_per_type"] == expected["ents_per_type"]
+
+
+def test_n_process_2(trf_ner_nlp, texts):
+    sample = texts[:8]
+    expected = _ents(trf_ner_nlp.pipe(sample))
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float16"})
+    docs = list(trf_ner_nlp.pipe(sample, n_process=2, batch_size=2))
+    assert _ents(docs) == expected
+    assert all(doc._.trf_data is None for doc in docs)
+    assert all(doc.tensor.shape == (len(doc), 32) for doc in docs)
+    assert all(doc.tensor.dtype == numpy.float16 for doc in docs)
+
+
+def test_to_from_bytes_and_disk(trf_ner_nlp, texts, tmp_path):
+    Doc.set_extension("lean_test_blob", default=None, force=True)
+    config = {
+        "extensions": ["lean_test_blob"],
+        "user_data_keys": ["blob"],
+        "compact_vectors": "float16",
+        "empty_cache_every": 50,
+        "consumers": ["ner"],
+    }
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config=config)
+    other = LeanCleaner(None)
+    other.from_bytes(cleaner.to_bytes())
+    assert other.cfg == cleaner.cfg
+    assert cleaner.cfg["compact_vectors"] == "float16"
+    other = LeanCleaner(None)
+    cleaner.to_disk(tmp_path / "cleaner")
+    other.from_disk(tmp_path / "cleaner")
+    assert other.cfg == cleaner.cfg
+    # The whole pipeline round-trips, and the loaded cleaner works.
+    expected = _ents(trf_ner_nlp.pipe(texts[:5]))
+    trf_ner_nlp.to_disk(tmp_path / "model")
+    nlp2 = spacy.load(tmp_path / "model")
+    loaded = nlp2.get_pipe("lean_cleaner")
+    assert loaded.cfg == cleaner.cfg
+    docs = list(nlp2.pipe(texts[:5]))
+    assert _ents(docs) == expected
+    assert all(doc._.trf_data is None and doc.tensor.dtype == numpy.float16 for doc in docs)
+    nlp3 = spacy.load(tmp_path / "model")
+    nlp3.from_bytes(trf_ner_nlp.to_bytes())
+    assert nlp3.get_pipe("lean_cleaner").cfg == cleaner.cfg
+    Doc.remove_extension("lean_test_blob")
+
+
+def test_from_bytes_rejects_bad_cfg():
+    import srsly
+    from spacy import util
+
+    data = util.to_bytes({"cfg": lambda: srsly.json_dumps({"compact_vectors": "int8"})}, [])
+    with pytest.raises(ValueError, match="'int8'"):
+        LeanCleaner(None).from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "config,error,match",
+    [
+        ({"extensions": ["no_such_ext"]}, ValueError, "'no_such_ext'.*names nothing"),
+        ({"extensions": "no_such_ext"}, TypeError, "'extensions' must be a list"),
+        ({"compact_vectors": "float8"}, ValueError, "'float8'"),
+        ({"empty_cache_every": -1}, ValueError, "'empty_cache_every'.*-1"),
+        ({"trf_data": "yes"}, TypeError, "'trf_data'.*'yes'"),
+        ({"user_data_keys": [3]}, TypeError, "got the item 3"),
+    ],
+)
+def test_bad_config_is_an_error_at_construction(config, error, match):
+    with pytest.raises(error, match=match):
+        LeanCleaner(None, **config)
+
+
+def test_bad_config_through_add_pipe():
+    nlp = spacy.blank("en")
+    with pytest.raises(ValueError, match="'missing_ext'"):
+        nlp.add_pipe("lean_cleaner", config={"extensions": ["missing_ext"]})
+    with pytest.raises(ValueError, match="'bf16'"):
+        nlp.add_pipe("lean_cleaner", config={"compact_vectors": "bf16"})
+
+
+def test_getter_extension_is_rejected():
+    Doc.set_extension("lean_test_getter", getter=lambda doc: len(doc), force=True)
+    try:
+        with pytest.raises(ValueError, match="'lean_test_getter'.*getter"):
+            LeanCleaner(None, extensions=["lean_test_getter"])
+    finally:
+        Doc.remove_extension("lean_test_getter")
+
+
+def test_pipeline_without_transformer_warns_once_and_releases_what_there_is():
+    Doc.set_extension("lean_test_cache", default=None, force=True)
+    try:
+        nlp = spacy.blank("en")
+        nlp.add_pipe("sentencizer")
+        cleaner = nlp.add_pipe(
+            "lean_cleaner",
+            config={"extensions": ["doc._.lean_test_cache"], "user_data_keys": ["scratch"]},
+        )
+        doc = nlp.make_doc("One sentence here . And another one .")
+        doc.tensor = numpy.ones((len(doc), 4), dtype="f")
+        doc._.lean_test_cache = numpy.ones(100, dtype="f")
+        doc.user_data["scratch"] = numpy.ones(10, dtype="f")
+        with pytest.warns(LeanCleanerWarning, match="no component that sets doc._.trf_data"):
+            doc = nlp(doc)
+        assert doc.tensor.size == 0
+        assert doc._.lean_test_cache is None
+        assert "scratch" not in doc.user_data
+        assert cleaner.stats["released_bytes"] == len(doc) * 16 + 400 + 40
+        assert (cleaner.stats["tensor"], cleaner.stats["extensions"]) == (1, 1)
+        assert cleaner.stats["user_data"] == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            docs = list(nlp.pipe(["More text .", "Even more ."]))
+        assert len(docs) == 2 and cleaner.stats["docs"] == 3
+        assert cleaner.stats["released_docs"] == 1
+    finally:
+        Doc.remove_extension("lean_test_cache")
+
+
+def test_producer_after_the_cleaner_warns(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner", first=True, config={"trf_data": False})
+    trf_ner_nlp.remove_pipe("ner")
+    with pytest.warns(LeanCleanerWarning, match="runs before \\['transformer'\\]"):
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+
+
+def test_analyze_pipes_shows_what_it_removes(trf_ner_nlp):
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    summary = trf_ner_nlp.analyze_pipes(pretty=False)["summary"]
+    assert summary["lean_cleaner"]["assigns"] == ["doc._.trf_data", "doc.tensor"]
+    cleaner = trf_ner_nlp.get_pipe("lean_cleaner")
+    assert cleaner.released_attrs == ["doc._.trf_data", "doc.tensor"]
+
+
+def test_empty_cache_every(trf_ner_nlp, texts):
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config={"empty_cache_every": 7})
+    list(trf_ner_nlp.pipe(texts[:30]))
+    assert cleaner.stats["cache_empties"] == 30 // 7
+    off = LeanCleaner(None)
+    for doc in trf_ner_nlp.tokenizer.pipe(texts[:30]):
+        off(doc)
+    assert off.stats["cache_empties"] == 0
+
+
+@pytest.mark.gpu
+def test_empty_cache_every_frees_cuda_cache(trf_ner_dir, texts):
+    import torch
+    from thinc.api import require_gpu, set_gpu_allocator
+
+    set_gpu_allocator("pytorch")
+    require_gpu(0)
+    try:
+        nlp = spacy.load(trf_ner_dir)
+        nlp.add_pipe("lean_cleaner", config={"empty_cache_every": 1, "compact_vectors": "float16"})
+        docs = list(nlp.pipe(texts))
+        torch.cuda.synchronize()
+        assert all(doc._.trf_data is None for doc in docs)
+        assert all(isinstance(doc.tensor, numpy.ndarray) for doc in docs)
+        # Nothing from the batches is left in torch's cache after the last doc.
+        assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < 2 * 1024**2
+    finally:
+        from thinc.api import require_cpu
+
+        require_cpu()

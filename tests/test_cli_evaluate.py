@@ -1,0 +1,218 @@
+"""`spacy lean evaluate MODEL DATA`: output like `spacy evaluate`, data formats, bad
+input, checkpoints and out-of-memory back-off, run through the real CLI app."""
+import pytest
+import spacy
+import srsly
+from spacy.language import Language
+from spacy.tokens import DocBin
+from spacy.util import minibatch
+from typer.testing import CliRunner
+
+import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's app)
+from spacy_lean import synthetic
+from spacy_lean.evaluate import StreamingEvaluator
+
+torch = pytest.importorskip("torch")
+
+from spacy.cli._util import app  # noqa: E402
+
+runner = CliRunner()
+
+
+def lean_evaluate(*args):
+    result = runner.invoke(app, ["lean", "evaluate", *[str(a) for a in args]])
+    return result
+
+
+def without_speed(scores):
+    return {k: v for k, v in scores.items() if k != "speed"}
+
+
+def as_json(scores):
+    return srsly.json_loads(srsly.json_dumps(scores))
+
+
+def assert_same_scores(ours, theirs, path="scores"):
+    """Same keys in the same order, None where spaCy has None, floats to 1e-12;
+    "speed" (a timing) is not compared."""
+    assert list(ours) == list(theirs), f"{path}: keys differ"
+    for key, value in theirs.items():
+        if key == "speed":
+            continue
+        if isinstance(value, dict):
+            assert_same_scores(ours[key], value, f"{path}.{key}")
+        elif isinstance(value, float):
+            assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
+        else:
+            assert ours[key] == value, f"{path}.{key}"
+
+
+def ruler_patterns():
+    """Entity patterns that get some entities right and some wrong, so that the
+    scores compared are not all zero (the fixture's ner is barely trained)."""
+    pats = [{"label": "PERSON", "pattern": p} for p in synthetic._PERSONS[:8]]
+    pats += [{"label": "ORG", "pattern": p} for p in synthetic._ORGS[:6]]
+    pats += [{"label": "ORG", "pattern": p} for p in synthetic._LOCS[:3]]  # wrong on purpose
+    pats += [{"label": "MISC", "pattern": p} for p in synthetic._MISC[:3]]
+    return pats
+
+
+def add_ruler(nlp):
+    nlp.add_pipe("entity_ruler", config={"overwrite_ents": True}).add_patterns(ruler_patterns())
+    return nlp
+
+
+@pytest.fixture(scope="module")
+def model_dir(trf_ner_dir, tmp_path_factory):
+    """The trained transformer + ner fixture with an entity ruler after the ner, so the
+    scores are not all zero."""
+    path = tmp_path_factory.mktemp("scored_model") / "model"
+    add_ruler(spacy.load(trf_ner_dir)).to_disk(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    """Three .spacy shards (the middle one in a sub-folder)."""
+    root = tmp_path_factory.mktemp("shards")
+    synthetic.write_ner_corpus(root / "a.spacy", 7, seed=31)
+    synthetic.write_ner_corpus(root / "b" / "b.spacy", 5, seed=32)
+    synthetic.write_ner_corpus(root / "c.spacy", 6, seed=33)
+    return root
+
+
+def test_lean_help_lists_evaluate():
+    result = runner.invoke(app, ["lean", "--help"])
+    assert result.exit_code == 0
+    assert "evaluate" in result.output
+
+
+def test_output_equals_spacy_evaluate(model_dir, ner_corpus, tmp_path):
+    from spacy.cli.evaluate import evaluate as spacy_evaluate
+
+    out = tmp_path / "scores.json"
+    result = lean_evaluate(model_dir, ner_corpus["dev"], "--output", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "NER F" in result.output and "docs/s" in result.output
+    theirs = spacy_evaluate(str(model_dir), ner_corpus["dev"])
+    assert 0 < theirs["ents_f"] < 1
+    # As `spacy evaluate --output` writes it (srsly keeps 10 significant digits).
+    assert_same_scores(srsly.read_json(out), as_json(theirs))
+
+
+def test_folder_of_shards_per_component(model_dir, shard_dir, tmp_path):
+    from spacy.training import Corpus
+
+    out = tmp_path / "scores.json"
+    result = lean_evaluate(model_dir, shard_dir, "-o", out, "--per-component", "-b", "4", "--no-progress")
+    assert result.exit_code == 0, result.output
+    nlp = spacy.load(model_dir)
+    expected = nlp.evaluate(list(Corpus(shard_dir)(nlp)), per_component=True)
+    assert_same_scores(srsly.read_json(out), as_json(expected))
+
+
+def test_jsonl_data(model_dir, shard_dir, tmp_path):
+    from spacy_lean.corpus.jsonl import doc_to_record
+
+    nlp = spacy.blank("en")
+    docs = list(DocBin().from_disk(shard_dir / "a.spacy").get_docs(nlp.vocab))
+    jsonl = tmp_path / "dev.jsonl"
+    srsly.write_jsonl(jsonl, [doc_to_record(d) for d in docs])
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert lean_evaluate(model_dir, jsonl, "-o", a, "--no-progress").exit_code == 0
+    assert lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", b, "--no-progress").exit_code == 0
+    assert without_speed(srsly.read_json(a)) == without_speed(srsly.read_json(b))
+
+
+def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
+    missing = lean_evaluate(model_dir, tmp_path / "nope.spacy", "--no-progress")
+    assert missing.exit_code == 1 and "not found" in missing.output
+    assert "Traceback" not in missing.output
+
+    empty = tmp_path / "empty.spacy"
+    DocBin().to_disk(empty)
+    result = lean_evaluate(model_dir, empty, "--no-progress")
+    assert result.exit_code == 1 and "no examples" in result.output
+
+    corrupt_dir = tmp_path / "corrupt"
+    corrupt_dir.mkdir()
+    (corrupt_dir / "bad.spacy").write_bytes(b"this is not a DocBin")
+    result = lean_evaluate(model_dir, corrupt_dir, "--no-progress")
+    assert result.exit_code == 1 and "bad.spacy" in result.output and "re-create" in result.output
+
+    no_data = tmp_path / "no_data"
+    no_data.mkdir()
+    result = lean_evaluate(model_dir, no_data, "--no-progress")
+    assert result.exit_code == 1 and "No corpus files" in result.output
+
+    result = lean_evaluate(tmp_path / "no_model", empty, "--no-progress")
+    assert result.exit_code == 1 and "Could not load the pipeline" in result.output
+
+    result = lean_evaluate(model_dir, empty, "--backend", "spark")
+    assert result.exit_code == 1 and "Unknown --backend" in result.output
+
+
+def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner_corpus, tmp_path, monkeypatch):
+    full = tmp_path / "full.json"
+    assert lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0
+
+    ckpt = tmp_path / "ckpt.json"
+    real_window = StreamingEvaluator._evaluate_window
+    calls = []
+
+    def interrupted(self, window):
+        calls.append(len(window))
+        if len(calls) == 4:
+            raise KeyboardInterrupt()
+        return real_window(self, window)
+
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", interrupted)
+    args = ["-b", "2", "--checkpoint", ckpt, "--checkpoint-every", "1", "--no-progress"]
+    result = lean_evaluate(model_dir, shard_dir, *args)
+    assert result.exit_code == 130 and "resume" in result.output
+    saved = srsly.read_json(ckpt)
+    assert saved["n_examples"] == 6 and not saved["done"]
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", real_window)
+
+    resumed = tmp_path / "resumed.json"
+    result = lean_evaluate(model_dir, shard_dir, *args, "-o", resumed)
+    assert result.exit_code == 0, result.output
+    assert "Resuming from the checkpoint: 6 examples" in result.output
+    assert without_speed(srsly.read_json(resumed)) == without_speed(srsly.read_json(full))
+    assert srsly.read_json(ckpt)["done"]
+
+    other = lean_evaluate(model_dir, ner_corpus["dev"], *args)
+    assert other.exit_code == 1 and "other data" in other.output and "refusing to resume" in other.output
+
+
+@Language.factory("test_cli_oom_above", default_config={"max_docs": 2})
+def make_cli_oom_above(nlp, name, max_docs):
+    return _OOMAbove(max_docs)
+
+
+class _OOMAbove:
+    def __init__(self, max_docs):
+        self.max_docs = max_docs
+
+    def __call__(self, doc):
+        return doc
+
+    def pipe(self, docs, batch_size=128):
+        for batch in minibatch(docs, batch_size):
+            if len(batch) > self.max_docs:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+            yield from batch
+
+
+def test_cli_reports_out_of_memory_back_off(model_dir, shard_dir, tmp_path):
+    nlp = spacy.load(model_dir)
+    nlp.add_pipe("test_cli_oom_above", config={"max_docs": 3})
+    model = tmp_path / "model"
+    nlp.to_disk(model)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    result = lean_evaluate(model, shard_dir / "a.spacy", "-b", "7", "-o", a, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "Out of GPU memory on a batch of 7 docs" in result.output
+    assert "--batch-size 2" in result.output
+    assert lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", b, "--no-progress").exit_code == 0
+    assert without_speed(srsly.read_json(a)) == without_speed(srsly.read_json(b))

@@ -1,0 +1,360 @@
+"""spacy-lean.Corpus.v1: sources, limit, shuffle, compact mode, resume, ranks, errors."""
+import json
+import random
+from pathlib import Path
+
+import pytest
+import spacy
+import srsly
+from spacy.tokens import Doc, DocBin, Span
+from spacy.training import Corpus
+from spacy.training.augment import create_lower_casing_augmenter
+from spacy.util import registry
+
+import spacy_lean.corpus.reader as reader_module
+from spacy_lean import synthetic
+from spacy_lean.corpus import LeanCorpus, list_shards, split_among
+from spacy_lean.corpus.jsonl import doc_to_record
+
+
+def key(eg):
+    """What identifies an example: its source doc's id, text and entities."""
+    ref = eg.reference
+    ents = tuple((e.start_char, e.end_char, e.label_) for e in ref.ents)
+    return (ref.user_data.get("uid"), ref.text, ents)
+
+
+def write_shard(path: Path, n: int, seed: int) -> Path:
+    """A generated NER shard whose docs carry a unique id in user_data."""
+    docs = synthetic.make_ner_docs(spacy.blank("en"), n, seed=seed)
+    for i, doc in enumerate(docs):
+        doc.user_data["uid"] = f"{path.name}-{i}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    DocBin(docs=docs, store_user_data=True).to_disk(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return spacy.blank("en")
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    """Three shards (one nested, one hidden file that must be skipped)."""
+    root = tmp_path_factory.mktemp("shards")
+    write_shard(root / "b.spacy", 23, seed=11)
+    write_shard(root / "a.spacy", 17, seed=12)
+    write_shard(root / "sub" / "c.spacy", 30, seed=13)
+    write_shard(root / ".hidden.spacy", 5, seed=14)
+    return root
+
+
+def test_walks_shards_as_spacy_does(nlp, shard_dir):
+    assert [p.name for p in list_shards(shard_dir)] == ["a.spacy", "b.spacy", "c.spacy"]
+    ours = [key(eg) for eg in LeanCorpus(shard_dir)(nlp)]
+    theirs = [key(eg) for eg in Corpus(shard_dir)(nlp)]
+    assert len(ours) == 70
+    assert ours == theirs
+
+
+def test_max_length_keeps_every_entity_spacy_drops_some(nlp, shard_dir):
+    corpus = LeanCorpus(shard_dir, max_length=12)
+    examples = list(corpus(nlp))
+    assert all(len(eg.reference) <= 12 or corpus.stats.oversize_pieces for eg in examples)
+    n_ents = sum(len(eg.reference.ents) for eg in examples)
+    all_docs = [eg.reference for eg in LeanCorpus(shard_dir)(nlp)]
+    assert n_ents == sum(len(d.ents) for d in all_docs)
+    assert sum(len(eg.reference) for eg in examples) == sum(len(d) for d in all_docs)
+    assert corpus.stats.docs == 70 and corpus.stats.pieces == len(examples)
+    assert corpus.stats.docs_split > 0
+    spacy_examples = list(Corpus(shard_dir, max_length=12)(nlp))
+    assert sum(len(eg.reference) for eg in spacy_examples) < sum(len(d) for d in all_docs)
+
+
+def test_limit_exact_across_shards(nlp, shard_dir):
+    all_keys = [key(eg) for eg in LeanCorpus(shard_dir)(nlp)]
+    for limit in (1, 16, 17, 18, 41, 500):
+        got = [key(eg) for eg in LeanCorpus(shard_dir, limit=limit)(nlp)]
+        assert got == all_keys[:limit]
+    # spaCy's Corpus yields more than `limit` docs over several files
+    assert len(list(Corpus(shard_dir, limit=18)(nlp))) > 18
+
+
+def test_limit_same_subset_when_shuffled(nlp, shard_dir):
+    want = sorted([key(eg) for eg in LeanCorpus(shard_dir)(nlp)][:30])
+    corpus = LeanCorpus(shard_dir, limit=30, shuffle=True, shuffle_buffer=8, seed=3)
+    for _ in range(2):
+        assert sorted(key(eg) for eg in corpus(nlp)) == want
+
+
+def test_shuffle_is_seeded_permutation(nlp, shard_dir):
+    plain = [key(eg) for eg in LeanCorpus(shard_dir)(nlp)]
+    a = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=10, seed=1)
+    b = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=10, seed=1)
+    a1, a2 = [key(e) for e in a(nlp)], [key(e) for e in a(nlp)]
+    b1 = [key(e) for e in b(nlp)]
+    assert a1 == b1  # same seed, same epoch
+    assert a1 != a2  # next epoch, another order
+    assert a1 != plain and sorted(a1) == sorted(plain)
+
+
+def test_shard_order_is_shuffled(nlp, shard_dir):
+    """With a buffer of 1, only the shard order changes."""
+    by_shard = {}
+    for i, path in enumerate(list_shards(shard_dir)):
+        for eg in LeanCorpus(path)(nlp):
+            by_shard[key(eg)] = i
+    corpus = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=1, seed=0)
+    orders = set()
+    for _ in range(6):
+        seq = [by_shard[key(eg)] for eg in corpus(nlp)]
+        orders.add(tuple(dict.fromkeys(seq)))
+    assert len(orders) > 1
+
+
+def test_shuffle_buffer_bounds_docs_read_ahead(nlp, shard_dir, monkeypatch):
+    read = []
+    original = reader_module.iter_shard_docs
+
+    def counting(*args, **kwargs):
+        for doc in original(*args, **kwargs):
+            read.append(1)
+            yield doc
+
+    monkeypatch.setattr(reader_module, "iter_shard_docs", counting)
+    corpus = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=5, seed=0)
+    stream = corpus(nlp)
+    next(stream)
+    assert len(read) == 6  # the buffer's 5, then one more to yield the first
+    for i, _ in enumerate(stream, start=2):
+        assert len(read) - i <= 5
+    assert corpus.stats.max_buffered == 5
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_yields_the_same_sequence(nlp, shard_dir, shuffle, compact):
+    settings = dict(max_length=15, shuffle=shuffle, shuffle_buffer=7, seed=5, compact=compact, compact_chunk=9)
+    corpus = LeanCorpus(shard_dir, **settings)
+    full = [key(eg) for eg in corpus.stream(nlp, epoch=2)]
+    for stop in (0, 1, 6, 7, 8, 40, len(full) - 1, len(full)):
+        stream = LeanCorpus(shard_dir, **settings).stream(nlp, epoch=2)
+        head = [key(next(stream)) for _ in range(stop)]
+        state = json.loads(json.dumps(stream.state()))
+        assert len(json.dumps(state)) < 2000
+        fresh = LeanCorpus(shard_dir, **settings)
+        tail = [key(eg) for eg in fresh.stream(nlp, state=state)]
+        assert head + tail == full, stop
+
+
+def test_resume_through_call_and_set_state(nlp, shard_dir):
+    corpus = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=4, seed=9)
+    epoch0 = [key(eg) for eg in corpus(nlp)]
+    epoch1 = [key(eg) for eg in corpus(nlp)]
+    again = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=4, seed=9)
+    assert [key(eg) for eg in again(nlp)] == epoch0
+    stream = again(nlp)
+    head = [key(next(stream)) for _ in range(11)]
+    saved = again.state
+    resumed = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=4, seed=9)
+    resumed.set_state(saved)
+    assert head + [key(eg) for eg in resumed(nlp)] == epoch1
+    assert resumed.epoch == 2
+
+
+def test_resume_rejects_other_settings(nlp, shard_dir):
+    stream = LeanCorpus(shard_dir, shuffle=True, seed=1)(nlp)
+    next(stream)
+    with pytest.raises(ValueError, match="seed: saved 1, now 2"):
+        LeanCorpus(shard_dir, shuffle=True, seed=2).stream(nlp, state=stream.state())
+
+
+@pytest.mark.parametrize("share_by", ["doc", "shard"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_rank_shares_disjoint_and_complete(nlp, shard_dir, share_by, n):
+    everything = [key(eg) for eg in LeanCorpus(shard_dir, max_length=20)(nlp)]
+    shares = [
+        [key(eg) for eg in LeanCorpus(
+            shard_dir, max_length=20, instance_rank=r, num_instances=n, share_by=share_by,
+            shuffle=True, seed=4,
+        )(nlp)]
+        for r in range(n)
+    ]
+    assert len(set(everything)) == len(everything)
+    assert sorted(k for share in shares for k in share) == sorted(everything)
+    for i in range(n):
+        for j in range(i + 1, n):
+            assert not set(shares[i]) & set(shares[j])
+    if share_by == "doc" and n > 1:
+        assert all(share for share in shares)
+
+
+def test_rank_defaults_from_environment(nlp, shard_dir, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    corpus = LeanCorpus(shard_dir)
+    assert corpus.rank_and_size == (1, 2)
+    explicit = LeanCorpus(shard_dir, instance_rank=1, num_instances=2)
+    assert [key(e) for e in corpus(nlp)] == [key(e) for e in explicit(nlp)]
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="instance_rank must be in"):
+        LeanCorpus(shard_dir).rank_and_size
+
+
+def test_split_among():
+    items = list(range(11))
+    shares = [split_among(items, r, 3) for r in range(3)]
+    assert sorted(sum(shares, [])) == items
+    assert [len(s) for s in shares] == [4, 4, 3]
+    with pytest.raises(ValueError, match="instance_rank must be in"):
+        split_among(items, 3, 3)
+
+
+def test_compact_mode_same_examples_and_small(nlp, shard_dir):
+    streamed = [key(eg) for eg in LeanCorpus(shard_dir, max_length=30)(nlp)]
+    corpus = LeanCorpus(shard_dir, max_length=30, compact=True, compact_chunk=16)
+    assert [key(eg) for eg in corpus(nlp)] == streamed
+    assert [key(eg) for eg in corpus(nlp)] == streamed  # from memory, not files
+    n_tokens = corpus.stats.tokens
+    assert corpus.compact_nbytes() / n_tokens <= 25
+    examples = list(corpus(nlp))
+    assert examples[0].reference.ents and examples[0].reference.has_annotation("SENT_START")
+
+
+def test_gold_preproc(nlp, tmp_path):
+    doc = Doc(nlp.vocab, words=["A", "b", ".", "C", "d", "."], spaces=[True, False, True, True, False, False],
+              sent_starts=[1, 0, 0, 1, 0, 0])
+    doc.ents = [Span(doc, 1, 4, label="X")]  # crosses the sentence boundary
+    doc2 = Doc(nlp.vocab, words=["E", "f", ".", "G", "."], sent_starts=[1, 0, 0, 1, 0])
+    DocBin(docs=[doc, doc2]).to_disk(tmp_path / "g.spacy")
+    examples = list(LeanCorpus(tmp_path / "g.spacy", gold_preproc=True)(nlp))
+    assert [eg.reference.text for eg in examples] == [doc.text, "E f . ", "G . "]
+    for eg in examples:
+        assert [t.text for t in eg.predicted] == [t.text for t in eg.reference]
+    assert examples[0].reference.ents[0].text == "b. C"
+    # spaCy's gold_preproc loses the cross-sentence entity
+    theirs = list(Corpus(tmp_path / "g.spacy", gold_preproc=True)(nlp))
+    assert sum(len(eg.reference.ents) for eg in theirs) == 0
+
+
+def test_augmenter_applied(nlp, shard_dir):
+    aug = create_lower_casing_augmenter(level=1.0)
+    examples = list(LeanCorpus(shard_dir, limit=5, augmenter=aug)(nlp))
+    assert len(examples) == 5
+    assert all(eg.reference.text == eg.reference.text.lower() for eg in examples)
+
+
+def test_jsonl_source(nlp, tmp_path):
+    records = [
+        {"text": "Ada Lindqvist met Quillon Labs .", "entities": [[0, 13, "PERSON"], [18, 30, "ORG"]],
+         "cats": {"NEWS": 1.0}},
+        {"text": "Nobody came .", "spans": [{"start": 0, "end": 6, "label": "X"}], "meta": {"id": 7}},
+        {"text": "in Veldmark", "spans": {"loc": [[3, 11, "LOC"]]}},
+    ]
+    path = tmp_path / "c.jsonl"
+    srsly.write_jsonl(path, records)
+    with path.open("a") as f:
+        f.write("\n")  # blank lines are skipped
+    examples = list(LeanCorpus(path)(nlp))
+    assert len(examples) == 3
+    assert [e.label_ for e in examples[0].reference.ents] == ["PERSON", "ORG"]
+    assert examples[0].reference.cats == {"NEWS": 1.0}
+    assert [s.text for s in examples[1].reference.spans["sc"]] == ["Nobody"]
+    assert examples[1].reference.user_data["meta"] == {"id": 7}
+    assert [s.label_ for s in examples[2].reference.spans["loc"]] == ["LOC"]
+    as_ents = list(LeanCorpus(path, jsonl_spans_key="ents")(nlp))
+    assert [e.text for e in as_ents[1].reference.ents] == ["Nobody"]
+
+
+def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
+    docs = synthetic.make_ner_docs(nlp, 20, seed=3)
+    srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])
+    got = [eg.reference for eg in LeanCorpus(tmp_path / "g.jsonl", max_length=25)(nlp)]
+    assert sum(len(d.ents) for d in got) == sum(len(d.ents) for d in docs)
+    assert "".join(d.text for d in got) == "".join(d.text for d in docs)
+
+
+def test_registered_and_resolves_from_config(shard_dir):
+    cfg = {"corpus": {"@readers": "spacy-lean.Corpus.v1", "path": str(shard_dir), "max_length": 10}}
+    resolved = registry.resolve(cfg)["corpus"]
+    assert isinstance(resolved, LeanCorpus) and resolved.max_length == 10
+
+
+# ----- bad input -----
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.spacy"):
+        LeanCorpus(tmp_path / "nope.spacy")
+    with pytest.raises(ValueError, match="needs a path"):
+        registry.resolve({"c": {"@readers": "spacy-lean.Corpus.v1", "path": None}})
+
+
+def test_corrupt_shard_names_file(nlp, tmp_path):
+    synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
+    (tmp_path / "b.spacy").write_bytes(b"this is not a docbin")
+    corpus = LeanCorpus(tmp_path)
+    with pytest.raises(ValueError, match=r"b\.spacy.*corrupt or not a DocBin"):
+        list(corpus(nlp))
+
+
+def test_negative_max_length_names_value(tmp_path):
+    synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
+    with pytest.raises(ValueError, match="max_length must be >= 0, got -5"):
+        LeanCorpus(tmp_path, max_length=-5)
+
+
+def test_unknown_format(tmp_path):
+    (tmp_path / "data.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"Unknown corpus format for '.*data\.txt'.*spacy convert"):
+        LeanCorpus(tmp_path / "data.txt")
+    with pytest.raises(ValueError, match="No corpus files found"):
+        LeanCorpus(tmp_path)
+    with pytest.raises(ValueError, match="file_format must be"):
+        LeanCorpus(tmp_path, file_format="conllu")
+
+
+def test_mixed_formats_need_file_format(nlp, tmp_path):
+    synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
+    srsly.write_jsonl(tmp_path / "b.jsonl", [{"text": "hi there"}])
+    with pytest.raises(ValueError, match="both .spacy and .jsonl"):
+        LeanCorpus(tmp_path)
+    assert len(list(LeanCorpus(tmp_path, file_format="jsonl")(nlp))) == 1
+    assert len(list(LeanCorpus(tmp_path, file_format="spacy")(nlp))) == 3
+
+
+def test_bad_jsonl_names_line(nlp, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "Ada met", "entities": [[1, 5, "X"]]}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: entities span \[1, 5, 'X'\].*token boundaries"):
+        list(LeanCorpus(path)(nlp))
+    path.write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+        list(LeanCorpus(path)(nlp))
+    path.write_text('{"txt": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: .*string \"text\" key"):
+        list(LeanCorpus(path)(nlp))
+
+
+def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):
+    doc = Doc(nlp.vocab, words=list("abcdefghij"))
+    doc.ents = [Span(doc, 1, 8, label="LONG")]
+    DocBin(docs=[doc]).to_disk(tmp_path / "o.spacy")
+    corpus = LeanCorpus(tmp_path / "o.spacy", max_length=3)
+    with pytest.warns(UserWarning, match="kept whole, not dropped"):
+        examples = list(corpus(nlp))
+    assert [len(eg.reference) for eg in examples] == [1, 7, 2]
+    assert corpus.stats.oversize_pieces == 1
+
+
+def test_random_docs_through_reader_lose_nothing(nlp, tmp_path):
+    rng = random.Random(0)
+    docs = synthetic.make_ner_docs(nlp, 40, seed=21, long_doc_rate=0.2)
+    DocBin(docs=docs[:25]).to_disk(tmp_path / "1.spacy")
+    DocBin(docs=docs[25:]).to_disk(tmp_path / "2.spacy")
+    for _ in range(5):
+        max_length = rng.choice([3, 8, 40, 200])
+        got = [eg.reference for eg in LeanCorpus(tmp_path, max_length=max_length)(nlp)]
+        assert "".join(d.text for d in got) == "".join(d.text for d in docs)
+        assert sum(len(d.ents) for d in got) == sum(len(d.ents) for d in docs)

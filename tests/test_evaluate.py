@@ -1,0 +1,364 @@
+"""The streaming evaluation loop: parity with `nlp.evaluate`, bounded memory,
+out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
+import gc
+import random
+import tracemalloc
+import warnings
+
+import pytest
+import spacy
+import srsly
+from spacy.language import Language
+from spacy.training import Example
+from spacy.util import minibatch
+
+from spacy_lean import synthetic
+from spacy_lean.evaluate import (
+    CALLBACK_NAME,
+    CheckpointMismatchError,
+    EvalCheckpoint,
+    StreamingEvaluator,
+    evaluate,
+    install_streaming_evaluate,
+    is_streaming,
+    make_streaming_evaluate_v1,
+    make_strip_streaming_evaluate_v1,
+)
+
+torch = pytest.importorskip("torch")
+
+
+def assert_same_scores(ours, theirs, path="scores"):
+    """Same keys in the same order, None where spaCy has None, floats to 1e-12.
+    "speed" is a timing and is only checked to be there."""
+    assert list(ours) == list(theirs), f"{path}: keys differ"
+    for key, value in theirs.items():
+        if key == "speed":
+            assert isinstance(ours[key], float)
+        elif isinstance(value, dict):
+            assert isinstance(ours[key], dict), f"{path}.{key}"
+            assert_same_scores(ours[key], value, f"{path}.{key}")
+        elif isinstance(value, float):
+            assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
+        else:
+            assert ours[key] == value, f"{path}.{key}"
+
+
+def ruler_patterns():
+    """Entity patterns that get some entities right and some wrong, so that the
+    scores compared are not all zero (the fixture's ner is barely trained)."""
+    pats = [{"label": "PERSON", "pattern": p} for p in synthetic._PERSONS[:8]]
+    pats += [{"label": "ORG", "pattern": p} for p in synthetic._ORGS[:6]]
+    pats += [{"label": "ORG", "pattern": p} for p in synthetic._LOCS[:3]]  # wrong on purpose
+    pats += [{"label": "MISC", "pattern": p} for p in synthetic._MISC[:3]]
+    return pats
+
+
+def add_ruler(nlp):
+    nlp.add_pipe("entity_ruler", config={"overwrite_ents": True}).add_patterns(ruler_patterns())
+    return nlp
+
+
+def fresh_examples(nlp, docs):
+    return [Example(nlp.make_doc(d.text), d) for d in docs]
+
+
+@pytest.fixture(scope="module")
+def gold_docs():
+    return synthetic.make_ner_docs(spacy.blank("en"), 30, seed=11, long_doc_rate=0.1)
+
+
+@pytest.mark.parametrize("window_size", [None, 0])
+def test_parity_with_nlp_evaluate(trf_ner_nlp, gold_docs, window_size):
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=4)
+    assert expected["ents_per_type"]
+    ours = evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs), batch_size=4, window_size=window_size)
+    assert_same_scores(ours, expected)
+
+
+def test_parity_with_nonzero_scores(trf_ner_nlp, gold_docs):
+    nlp = add_ruler(trf_ner_nlp)
+    expected = nlp.evaluate(fresh_examples(nlp, gold_docs), batch_size=4)
+    assert 0 < expected["ents_p"] < 1 and 0 < expected["ents_r"] < 1
+    ours = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4, window_size=8)
+    assert_same_scores(ours, expected)
+    assert_same_scores(
+        evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=3, per_component=True),
+        nlp.evaluate(fresh_examples(nlp, gold_docs), per_component=True),
+    )
+
+
+def test_parity_per_component_and_generator(trf_ner_nlp, gold_docs):
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), per_component=True)
+    stream = (eg for eg in fresh_examples(trf_ner_nlp, gold_docs))
+    ours = evaluate(trf_ner_nlp, stream, per_component=True, batch_size=3)
+    assert_same_scores(ours, expected)
+    assert list(ours)[-1] == "speed"
+
+
+def test_parity_with_scorer_cfg_and_scorer(trf_ner_nlp, gold_docs):
+    from spacy.scorer import Scorer
+
+    egs = fresh_examples(trf_ner_nlp, gold_docs)
+    expected = trf_ner_nlp.evaluate(egs, scorer=Scorer(nlp=trf_ner_nlp))
+    assert_same_scores(evaluate(trf_ner_nlp, egs, scorer=Scorer(nlp=trf_ner_nlp)), expected)
+
+
+def test_empty_examples_like_spacy(trf_ner_nlp):
+    expected = trf_ner_nlp.evaluate([])
+    assert_same_scores(evaluate(trf_ner_nlp, []), expected)
+
+
+def test_does_not_mutate_callers_examples(trf_ner_nlp, gold_docs):
+    examples = fresh_examples(trf_ner_nlp, gold_docs[:6])
+    predicted = [eg.predicted for eg in examples]
+    evaluate(trf_ner_nlp, examples, batch_size=2)
+    for eg, doc in zip(examples, predicted):
+        assert eg.predicted is doc
+        assert len(doc.ents) == 0
+        assert doc._.trf_data is None
+
+
+def test_validates_examples_like_spacy(trf_ner_nlp):
+    with pytest.raises(TypeError, match="Language.evaluate"):
+        evaluate(trf_ner_nlp, 42)
+    with pytest.raises(TypeError, match="Language.evaluate"):
+        evaluate(trf_ner_nlp, ["not an example"])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        evaluate(trf_ner_nlp, [], batch_size=0)
+
+
+def _peak_bytes(run):
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _tiled_stream(nlp, texts_and_docs, times):
+    """A generator of `times` x the same gold docs (fresh Examples each time): the
+    same doc lengths whatever the size, so only the count of examples changes."""
+    for _ in range(times):
+        for doc in texts_and_docs:
+            yield Example(nlp.make_doc(doc.text), doc)
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_examples(trf_ner_nlp):
+    nlp = trf_ner_nlp
+    docs = synthetic.make_ner_docs(nlp, 12, seed=21, long_doc_rate=0.0)
+    evaluate(nlp, _tiled_stream(nlp, docs, 1), batch_size=4)  # warm up caches and vocab
+    nlp.evaluate(list(_tiled_stream(nlp, docs, 1)), batch_size=4)
+
+    def streaming(times):
+        return _peak_bytes(
+            lambda: evaluate(nlp, _tiled_stream(nlp, docs, times), batch_size=4, window_size=4)
+        )
+
+    def stock(times):
+        return _peak_bytes(lambda: nlp.evaluate(_tiled_stream(nlp, docs, times), batch_size=4))
+
+    small, large = streaming(1), streaming(4)
+    stock_small, stock_large = stock(1), stock(4)
+    # The measurement sees growth where there is some: the stock loop keeps every doc.
+    assert stock_large > 2.5 * stock_small, (stock_small, stock_large)
+    assert large < 1.1 * small, (small, large)
+
+
+@Language.factory("test_oom_above", default_config={"max_docs": 2})
+def make_oom_above(nlp, name, max_docs):
+    return OOMAbove(max_docs)
+
+
+class OOMAbove:
+    """Raises torch's CUDA out-of-memory error for batches larger than `max_docs`,
+    like a GPU component whose activations outgrow the device."""
+
+    def __init__(self, max_docs):
+        self.max_docs = max_docs
+        self.batch_sizes = []
+
+    def __call__(self, doc):
+        return doc
+
+    def pipe(self, docs, batch_size=128):
+        for batch in minibatch(docs, batch_size):
+            if len(batch) > self.max_docs:
+                raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (batch of {len(batch)})")
+            self.batch_sizes.append(len(batch))
+            yield from batch
+
+
+def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=8)
+    oom = trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 3})
+    evaluator = StreamingEvaluator(trf_ner_nlp, batch_size=8, window_size=16)
+    with pytest.warns(ResourceWarning, match="Out of GPU memory on a batch of 8 docs"):
+        evaluator.run(fresh_examples(trf_ner_nlp, gold_docs))
+    assert evaluator.oom_events[:2] == [(8, 4), (4, 2)]
+    assert evaluator.batch_size == 2
+    assert max(oom.batch_sizes) <= 3
+    assert sum(oom.batch_sizes) == len(gold_docs)  # every doc scored once
+    assert_same_scores(evaluator.state.result(), expected)
+
+
+def test_oom_on_a_single_doc_is_raised(trf_ner_nlp, gold_docs):
+    trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs[:3]), batch_size=2)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _interrupted(examples, after):
+    for i, eg in enumerate(examples):
+        if i == after:
+            raise Interrupt()
+        yield eg
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(trf_ner_nlp, gold_docs, tmp_path):
+    nlp = trf_ner_nlp
+    expected = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
+    ckpt = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
+    first = StreamingEvaluator(nlp, batch_size=4, window_size=4)
+    with pytest.raises(Interrupt):
+        first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=ckpt.on_window)
+    assert ckpt.n_saves == 2
+    ckpt2 = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
+    second = StreamingEvaluator(nlp, batch_size=4, window_size=4)
+    resumed = ckpt2.load(nlp, second.state.fingerprint)
+    assert resumed["n_examples"] == 16 and not resumed["done"]
+    second = StreamingEvaluator(nlp, batch_size=4, window_size=4, state=resumed["state"])
+    second.run(fresh_examples(nlp, gold_docs), skip=resumed["n_examples"])
+    assert second.n_examples == len(gold_docs)
+    assert_same_scores(second.state.result(), expected)
+
+
+def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
+    nlp = trf_ner_nlp
+    state = StreamingEvaluator(nlp).state
+    EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").save(state, n_examples=3)
+    with pytest.raises(CheckpointMismatchError, match="another model"):
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="x", data_fingerprint="d").load(nlp, state.fingerprint)
+    with pytest.raises(CheckpointMismatchError, match="other data"):
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="x").load(nlp, state.fingerprint)
+    with pytest.raises(CheckpointMismatchError, match="scorer"):
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "other")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(CheckpointMismatchError, match="not a spacy-lean evaluation checkpoint"):
+        EvalCheckpoint(tmp_path / "bad.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "x")
+    # Fewer examples in the data than the checkpoint counted: other data.
+    with pytest.raises(CheckpointMismatchError, match="has only 1"):
+        StreamingEvaluator(nlp).run([Example(nlp.make_doc("a b"), nlp.make_doc("a b"))], skip=3)
+
+
+def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypatch):
+    calls = []
+    import spacy_lean.evaluate as module
+
+    real = module.evaluate
+    monkeypatch.setattr(module, "evaluate", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs))
+    nlp = make_streaming_evaluate_v1(window_size=0)(trf_ner_nlp)
+    assert nlp is trf_ner_nlp and is_streaming(nlp)
+    assert_same_scores(nlp.evaluate(fresh_examples(nlp, gold_docs), batch_size=5), expected)
+    assert calls and calls[0]["batch_size"] == 5 and calls[0]["window_size"] == 0
+
+
+def test_strip_callback_removes_only_ours(trf_ner_nlp):
+    nlp = install_streaming_evaluate(trf_ner_nlp)
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    make_strip_streaming_evaluate_v1()(nlp)
+    assert nlp.config["nlp"]["after_pipeline_creation"] is None
+    other = {"@callbacks": "someone.else.v1"}
+    nlp.config["nlp"]["after_pipeline_creation"] = other
+    make_strip_streaming_evaluate_v1()(nlp)
+    assert nlp.config["nlp"]["after_pipeline_creation"] == other
+
+
+TRAIN_OVERRIDES = {
+    "training.max_steps": 4,
+    "training.eval_frequency": 2,
+    "nlp.after_pipeline_creation": {"@callbacks": CALLBACK_NAME, "window_size": None},
+}
+
+
+def _filled_config(config_text, tmp_path):
+    from spacy.cli.init_config import fill_config
+
+    base = tmp_path / "base.cfg"
+    base.write_text(config_text)
+    filled = tmp_path / "config.cfg"
+    fill_config(filled, base, silent=True)
+    return filled
+
+
+@pytest.fixture
+def recorded_streaming(monkeypatch):
+    import spacy_lean.evaluate as module
+
+    calls = []
+    real = module.evaluate
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "evaluate", recording)
+    return calls
+
+
+def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, tmp_path, recorded_streaming):
+    from spacy.cli.evaluate import evaluate as spacy_evaluate
+    from spacy.cli.train import train
+
+    config_path = _filled_config(trf_ner_config, tmp_path)
+    out = tmp_path / "out"
+    overrides = {"paths.train": str(ner_corpus["train"]), "paths.dev": str(ner_corpus["dev"]), **TRAIN_OVERRIDES}
+    train(config_path, out, overrides=overrides)
+    assert len(recorded_streaming) >= 2  # the dev evaluations of `spacy train`
+    saved = (out / "model-last" / "config.cfg").read_text()
+    assert CALLBACK_NAME in saved
+    nlp = spacy.load(out / "model-last")
+    assert is_streaming(nlp)
+    n_calls = len(recorded_streaming)
+    scores = spacy_evaluate(str(out / "model-last"), ner_corpus["dev"])
+    assert len(recorded_streaming) == n_calls + 1  # `spacy evaluate` streamed
+    from spacy.training import Corpus
+
+    stock = Language.evaluate(nlp, list(Corpus(ner_corpus["dev"])(nlp)))
+    assert_same_scores(scores, stock)
+
+
+def test_strip_callback_saves_a_portable_pipeline(trf_ner_config, ner_corpus, tmp_path, recorded_streaming):
+    from spacy.cli.train import train
+
+    config_path = _filled_config(trf_ner_config, tmp_path)
+    out = tmp_path / "out"
+    overrides = {
+        "paths.train": str(ner_corpus["train"]),
+        "paths.dev": str(ner_corpus["dev"]),
+        **TRAIN_OVERRIDES,
+        "training.max_steps": 2,
+        "training.before_to_disk": {"@callbacks": "spacy-lean.strip_streaming_evaluate.v1"},
+    }
+    train(config_path, out, overrides=overrides)
+    assert recorded_streaming  # training still streamed
+    assert CALLBACK_NAME not in (out / "model-last" / "config.cfg").read_text()
+    assert not is_streaming(spacy.load(out / "model-last"))
+
+
+def test_checkpoint_file_is_json(trf_ner_nlp, tmp_path):
+    state = StreamingEvaluator(trf_ner_nlp).state
+    ckpt = EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d")
+    ckpt.save(state, n_examples=0, done=True)
+    data = srsly.read_json(tmp_path / "c.json")
+    assert data["format"] == "spacy-lean.eval-checkpoint.v1" and data["done"] is True
+    assert not (tmp_path / "c.json.tmp").exists()

@@ -1,0 +1,306 @@
+"""The spaCy project (project.yml, configs/, scripts/): its conventions, its scripts,
+and the `all` workflow run end to end with tiny settings in a copy of the project."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import srsly
+from spacy.tokens import DocBin
+from spacy.vocab import Vocab
+from thinc.api import Config
+
+ROOT = Path(__file__).parent.parent
+PROJECT = srsly.read_yaml(ROOT / "project.yml")
+COMMANDS = {cmd["name"]: cmd for cmd in PROJECT["commands"]}
+# Tiny settings: a few docs, a narrow transformer, a few training steps.
+TINY_VARS = {
+    "n_train_docs": 40,
+    "n_dev_docs": 12,
+    "n_test_docs": 12,
+    "long_doc_rate": 0.1,
+    "docs_per_shard": 10,
+    "tiny_vocab_size": 200,
+    "tiny_hidden_size": 16,
+    "tiny_layers": 1,
+    "max_steps": 6,
+    "eval_frequency": 3,
+    "warmup_steps": 2,
+    "batch_size": 400,
+}
+SCORE_KEYS = ("token_acc", "ents_p", "ents_r", "ents_f", "ents_per_type", "speed")
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run(args, cwd, timeout=300):
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def _copy_project(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "project.yml", dest / "project.yml")
+    shutil.copytree(ROOT / "configs", dest / "configs")
+    shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def _script_vars(text: str):
+    return set(re.findall(r"\$\{vars\.([A-Za-z0-9_]+)\}", text))
+
+
+# --- project.yml conventions -------------------------------------------------------
+
+
+def test_project_keys_in_order():
+    expected = ["title", "description", "vars", "directories", "assets", "workflows", "commands"]
+    assert list(PROJECT.keys()) == expected
+
+
+def test_project_validates_against_weasel_schema():
+    from weasel.schemas import ProjectConfigSchema, validate
+
+    assert validate(ProjectConfigSchema, PROJECT) == []
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_command_has_help_script_deps_outputs(name):
+    cmd = COMMANDS[name]
+    for key in ("help", "script", "deps", "outputs"):
+        assert cmd.get(key), f"command '{name}' has no {key}"
+    for dep in cmd["deps"]:
+        if dep.startswith(("scripts/", "configs/", "benchmarks/plot.py")):
+            path = dep.replace("${vars.config}", PROJECT["vars"]["config"])
+            path = path.replace("${vars.charlm_config}", PROJECT["vars"]["charlm_config"])
+            assert (ROOT / path).exists(), f"command '{name}' depends on missing {path}"
+
+
+def test_every_var_used_is_defined_and_every_var_defined_is_used():
+    text = (ROOT / "project.yml").read_text(encoding="utf8")
+    used = _script_vars(text)
+    defined = set(PROJECT["vars"])
+    assert used - defined == set()
+    assert defined - used == set()
+
+
+def test_workflows_name_commands():
+    assert "all" in PROJECT["workflows"]
+    assert PROJECT["workflows"]["all"] == ["corpus", "transformer", "shard", "train", "evaluate"]
+    for name, steps in PROJECT["workflows"].items():
+        for step in steps:
+            assert step in COMMANDS, f"workflow '{name}' runs unknown command '{step}'"
+
+
+def test_real_data_assets_are_optional_and_pinned():
+    assets = PROJECT["assets"]
+    assert {Path(a["dest"]).parent.name for a in assets} == {"conll2003", "wnut17"}
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import make_corpus
+    finally:
+        sys.path.pop(0)
+    for asset in assets:
+        assert asset["extra"] is True, "the offline workflow must never need a download"
+        assert re.search(r"/[0-9a-f]{40}/", asset["url"]), "URLs are pinned to a commit"
+        size, sha256 = make_corpus.ASSET_SHA256[asset["dest"]]
+        assert f"{size:,} bytes" in asset["description"]
+        assert sha256[:8] in asset["description"]
+
+
+def test_train_command_uses_gpu_id_and_lean_paths():
+    script = " ".join(COMMANDS["train"]["script"])
+    assert "--gpu-id ${vars.gpu_id}" in script
+    assert "--paths.transformer ${vars.transformer}" in script
+    assert "corpus/shards/train" in script
+    evaluate = " ".join(COMMANDS["evaluate"]["script"])
+    assert "spacy evaluate" in evaluate and "spacy lean evaluate" in evaluate
+
+
+# --- configs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.cfg")), ids=lambda p: p.name)
+def test_config_fills_and_resolves(path, tiny_transformer, ner_corpus):
+    """Every config fills, validates and resolves its registered functions (which
+    fails on a name that no entry point declares)."""
+    import spacy
+
+    overrides = {
+        "paths.train": str(ner_corpus["train"]),
+        "paths.dev": str(ner_corpus["dev"]),
+        "paths.transformer": str(tiny_transformer),
+    }
+    config = Config().from_disk(path, overrides=overrides)
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    from spacy.schemas import ConfigSchemaTraining
+
+    training = spacy.util.registry.resolve(
+        nlp.config.interpolate()["training"], schema=ConfigSchemaTraining
+    )
+    assert training["max_steps"] > 0
+
+
+def test_lean_config_uses_lean_parts():
+    config = Config().from_disk(ROOT / "configs" / "ner_trf.cfg")
+    assert config["nlp"]["pipeline"][-1] == "lean_cleaner"
+    assert config["corpora"]["train"]["@readers"] == "spacy-lean.Corpus.v1"
+    assert config["corpora"]["dev"]["@readers"] == "spacy-lean.Corpus.v1"
+    assert config["training"]["batcher"]["@batchers"] == "spacy-lean.batch_by_tokens.v1"
+    assert config["nlp"]["after_pipeline_creation"]["@callbacks"] == (
+        "spacy-lean.streaming_evaluate.v1"
+    )
+    # Streamed, not listed: spaCy lists the whole corpus when max_epochs >= 0.
+    assert config["training"]["max_epochs"] == -1
+
+
+# --- scripts ------------------------------------------------------------------------
+
+
+def test_make_corpus_generated(tmp_path):
+    code, out = _run(
+        [str(ROOT / "scripts/make_corpus.py"), "generated", str(tmp_path),
+         "--n-train", "30", "--n-dev", "5", "--n-test", "6", "--long-doc-rate", "0.2"],
+        cwd=tmp_path,
+    )
+    assert code == 0, out
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert [stats[s]["docs"] for s in ("train", "dev", "test")] == [30, 5, 6]
+    assert stats["dataset"] == "generated"
+    assert set(stats["train"]["ents_per_label"]) == {"PERSON", "ORG", "LOC", "MISC"}
+    assert stats["train"]["max_doc_tokens"] > 5 * stats["train"]["median_doc_tokens"]
+    docs = list(DocBin().from_disk(tmp_path / "train.spacy").get_docs(Vocab()))
+    assert len(docs) == 30
+    assert any(len(list(d.sents)) > 1 for d in docs)
+
+
+CONLL = """-DOCSTART- -X- -X- O
+
+Ada NNP B-NP I-PER
+Lindqvist NNP I-NP I-PER
+visited VBD B-VP O
+Veldmark NNP B-NP I-LOC
+. . O O
+
+She PRP B-NP O
+left VBD B-VP O
+. . O O
+
+-DOCSTART- -X- -X- O
+
+Quillon NNP B-NP I-ORG
+Labs NNP I-NP I-ORG
+grew VBD B-VP O
+. . O O
+"""
+
+
+def test_make_corpus_converts_conll_folder(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text(CONLL, encoding="utf8")
+    out_dir = tmp_path / "corpus"
+    code, out = _run([str(ROOT / "scripts/make_corpus.py"), str(data), str(out_dir)], cwd=tmp_path)
+    assert code == 0, out
+    docs = list(DocBin().from_disk(out_dir / "dev.spacy").get_docs(Vocab()))
+    # -DOCSTART- lines written with 4 columns are document boundaries, not tokens.
+    assert len(docs) == 2
+    assert [(e.text, e.label_) for e in docs[0].ents] == [("Ada Lindqvist", "PER"), ("Veldmark", "LOC")]
+    assert [s.text for s in docs[0].sents] == ["Ada Lindqvist visited Veldmark .", "She left ."]
+    assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
+
+
+def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path):
+    code, out = _run([str(ROOT / "scripts/make_corpus.py"), "wnut17", "corpus"], cwd=tmp_path)
+    assert code == 1
+    assert "assets/wnut17/wnut17train.conll" in out
+    assert "spacy project assets --extra" in out
+    code, out = _run([str(ROOT / "scripts/make_corpus.py"), "no_such_dir", "corpus"], cwd=tmp_path)
+    assert code == 1 and "Unknown dataset 'no_such_dir'" in out
+
+
+def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer):
+    script = str(ROOT / "scripts/make_transformer.py")
+    corpus = str(ner_corpus["train"])
+    # Under assets/: made here, with a vocabulary trained on the corpus.
+    code, out = _run(
+        [script, "assets/bert", corpus, "card.json", "--vocab-size", "150", "--hidden-size", "16"],
+        cwd=tmp_path,
+    )
+    assert code == 0, out
+    card = json.loads((tmp_path / "card.json").read_text())
+    assert card["source"] == "generated" and card["hidden_size"] == 16
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoConfig.from_pretrained(tmp_path / "assets/bert").hidden_size == 16
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "assets/bert")
+    assert "[UNK]" not in tokenizer.tokenize("Ada Lindqvist visited Veldmark")
+    # An existing folder not made here is used as it is.
+    code, out = _run([script, str(tiny_transformer), corpus, "card.json"], cwd=tmp_path)
+    assert code == 0, out
+    assert json.loads((tmp_path / "card.json").read_text())["source"] == "local"
+    # Anything else is a Hub name, left to spacy-transformers.
+    code, out = _run([script, "roberta-base", corpus, "card.json"], cwd=tmp_path)
+    assert code == 0, out
+    assert json.loads((tmp_path / "card.json").read_text()) == {"name": "roberta-base", "source": "hub"}
+    assert "HF_HUB_OFFLINE" in out
+    assert not (tmp_path / "roberta-base").exists()
+
+
+def test_compare_metrics(tmp_path):
+    script = str(ROOT / "scripts/compare_metrics.py")
+    a = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 100.0}
+    b = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 300.0, "extra": 1}
+    srsly.write_json(tmp_path / "a.json", a)
+    srsly.write_json(tmp_path / "b.json", b)
+    code, out = _run([script, "a.json", "b.json", "s.json"], cwd=tmp_path)
+    assert code == 0, out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["agree"] and summary["compared"] == 2
+    assert summary["speed"] == {"spacy_evaluate": 100.0, "lean_evaluate": 300.0}
+    assert summary["only_in_lean_evaluate"] == ["extra"]
+    b["ents_per_type"]["ORG"]["p"] = 0.9
+    srsly.write_json(tmp_path / "b.json", b)
+    code, out = _run([script, "a.json", "b.json", "s.json"], cwd=tmp_path)
+    assert code == 1 and "ents_per_type.ORG.p" in out
+
+
+# --- the `all` workflow, end to end -----------------------------------------------------
+
+
+def test_all_workflow_runs_offline_end_to_end(tmp_path):
+    project = _copy_project(tmp_path / "project")
+    overrides = [arg for k, v in TINY_VARS.items() for arg in (f"--vars.{k}", str(v))]
+    code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    card = json.loads((project / "training/transformer.json").read_text())
+    assert card["source"] == "generated" and card["hidden_size"] == 16
+    shards = sorted((project / "corpus/shards/train").glob("*.spacy"))
+    assert len(shards) == 4  # 40 docs, 10 per shard
+    assert (project / "training/ner_trf/model-best/config.cfg").exists()
+    metrics = project / "metrics/ner_trf"
+    for name in ("spacy_evaluate.json", "lean_evaluate.json"):
+        scores = json.loads((metrics / name).read_text())
+        for key in SCORE_KEYS:
+            assert key in scores, f"{name} has no '{key}'"
+        assert 0.0 <= scores["ents_f"] <= 1.0
+    summary = json.loads((metrics / "summary.json").read_text())
+    assert summary["agree"] is True
+    assert "ents_f" in summary["scores"]
+    # Nothing changed: a second run skips every step.
+    code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])

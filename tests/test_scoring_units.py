@@ -1,0 +1,309 @@
+"""Unit tests of single score states: spaCy's two scorer bugs (hand-computed
+numbers), exact ROC AUC from counts, custom getters, and twins for custom scorers."""
+import warnings
+
+import pytest
+import spacy
+import srsly
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from spacy.scorer import Scorer
+from spacy.tokens import Doc
+from spacy.training import Example
+
+from spacy_lean.scoring import (
+    CatsState,
+    DepsState,
+    ScoreState,
+    TokenAttrState,
+    TokenizationState,
+    make_pipeline_state,
+    register_twin,
+)
+from spacy_lean.scoring.deps import lower_dep_getter
+
+from test_scoring import assert_scores_equal  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return spacy.blank("en")
+
+
+def _parsed(nlp, words, heads, deps):
+    return Doc(nlp.vocab, words=words, heads=heads, deps=deps)
+
+
+def test_deps_missing_labels_stay_in_their_doc(nlp):
+    """spaCy 3.8 keeps missing indices across docs: doc 1's unlabelled token 2
+    hides token 2 of doc 2. Hand-computed: doc 1 scores tokens 0-1 (2 correct),
+    doc 2 tokens 0-2 (3 correct), so UAS = LAS = 5/5 = 1.0; spaCy gives 8/9."""
+    words, heads = ["a", "b", "c"], [1, 1, 1]
+    gold1 = _parsed(nlp, words, heads, ["det", "ROOT", ""])
+    gold2 = _parsed(nlp, words, heads, ["det", "ROOT", "obj"])
+    pred = _parsed(nlp, words, heads, ["det", "ROOT", "obj"])
+    examples = [Example(pred, gold1), Example(pred.copy(), gold2)]
+    state = DepsState("dep", getter=lower_dep_getter, ignore_labels=("p", "punct"))
+    state.update(examples)
+    res = state.result()
+    assert res["dep_uas"] == 1.0 and res["dep_las"] == 1.0
+    assert res["dep_las_per_type"]["obj"] == {"p": 1.0, "r": 1.0, "f": 1.0}
+    spacy_res = Scorer.score_deps(examples, "dep", getter=lower_dep_getter)
+    assert spacy_res["dep_uas"] == pytest.approx(8 / 9)  # the bug we fix
+    # Per doc, spaCy agrees with us: the fix only removes the cross-doc leak.
+    for eg in examples:
+        one = DepsState("dep", getter=lower_dep_getter)
+        one.update([eg])
+        assert_scores_equal(Scorer.score_deps([eg], "dep", getter=lower_dep_getter), one.result())
+
+
+def test_deps_unaligned_tokens_count_as_false_positives(nlp):
+    gold = _parsed(nlp, ["ab", "c"], [1, 1], ["nsubj", "ROOT"])
+    pred = Doc(nlp.vocab, words=["a", "b", "c"], spaces=[False, True, False],
+               heads=[2, 2, 2], deps=["nsubj", "nsubj", "ROOT"])
+    eg = Example(pred, gold)
+    state = DepsState("dep")
+    state.update([eg])
+    # both 'a' and 'b' align to 'ab' (a set: one pair counts once)
+    assert_scores_equal(Scorer.score_deps([eg], "dep"), state.result())
+
+
+def _cats_doc(nlp, cats):
+    doc = Doc(nlp.vocab, words=["x"])
+    doc.cats = cats
+    return doc
+
+
+def test_cats_exclusive_without_prediction(nlp):
+    """spaCy 3.8 raises a ValueError when exclusive labels have a reference label
+    and no prediction. Hand-computed: POSITIVE has 1 false negative, NEGATIVE 1
+    true positive."""
+    labels = ["POSITIVE", "NEGATIVE"]
+    examples = [
+        Example(_cats_doc(nlp, {}), _cats_doc(nlp, {"POSITIVE": 1.0, "NEGATIVE": 0.0})),
+        Example(
+            _cats_doc(nlp, {"POSITIVE": 0.3, "NEGATIVE": 0.7}),
+            _cats_doc(nlp, {"POSITIVE": 0.0, "NEGATIVE": 1.0}),
+        ),
+    ]
+    with pytest.raises(ValueError):
+        Scorer.score_cats(examples, "cats", labels=labels, multi_label=False)
+    state = CatsState("cats", labels=labels, multi_label=False)
+    state.update(examples)
+    res = state.result()
+    assert res["cats_f_per_type"] == {
+        "POSITIVE": {"p": 0.0, "r": 0.0, "f": 0.0},
+        "NEGATIVE": {"p": 1.0, "r": 1.0, "f": 1.0},
+    }
+    assert res["cats_micro_p"] == 1.0
+    assert res["cats_micro_r"] == 0.5
+    assert res["cats_micro_f"] == pytest.approx(2 / 3)
+    assert res["cats_macro_f"] == pytest.approx(0.5)
+    assert res["cats_score"] == res["cats_macro_f"] and res["cats_score_desc"] == "macro F"
+    # POSITIVE: the positive doc scored 0.0 (no prediction), the negative 0.3.
+    assert res["cats_auc_per_type"] == {"POSITIVE": 0.0, "NEGATIVE": 1.0}
+    assert res["cats_macro_auc"] == pytest.approx(0.5)
+
+
+def test_auc_counts_hand_computed(nlp):
+    # scores (gold): 0.9 (1), 0.5 (0), 0.5 (1), 0.1 (0): 3 of 4 pairs ranked
+    # right, one tie counted half -> AUC = 3.5 / 4.
+    data = [(0.9, 1.0), (0.5, 0.0), (0.5, 1.0), (0.1, 0.0)]
+    examples = [Example(_cats_doc(nlp, {"A": p}), _cats_doc(nlp, {"A": g})) for p, g in data]
+    state = CatsState("cats", labels=["A"], multi_label=True)
+    state.update(examples)
+    assert state.result()["cats_auc_per_type"]["A"] == pytest.approx(0.875)
+    assert len(state.auc_per_type["A"].counts) == 3  # one entry per distinct score
+
+
+_SCORES = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.5000000001, 0.75, 0.9, 1.0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.lists(_SCORES, min_size=3, max_size=3),
+            st.lists(st.sampled_from([0.0, 1.0, None]), min_size=3, max_size=3),
+        ),
+        min_size=0,
+        max_size=25,
+    ),
+    multi_label=st.booleans(),
+    threshold=st.sampled_from([None, 0.3, 0.5]),
+    positive=st.booleans(),
+    cut=st.integers(min_value=0, max_value=25),
+)
+def test_cats_state_equals_score_cats(rows, multi_label, threshold, positive, cut):
+    nlp = spacy.blank("en")
+    labels = ["AA", "BB", "CC"] if multi_label or not positive else ["AA", "BB"]
+    examples = []
+    for scores, golds in rows:
+        pred = dict(zip(labels, scores))
+        if multi_label:
+            gold = {k: g for k, g in zip(labels, golds) if g is not None}
+        else:  # exactly one positive reference label
+            gold = {k: 0.0 for k in labels}
+            gold[labels[int(scores[0] * 10) % len(labels)]] = 1.0
+        examples.append(Example(_cats_doc(nlp, pred), _cats_doc(nlp, gold)))
+    cfg = dict(labels=labels, multi_label=multi_label, threshold=threshold)
+    if positive and not multi_label:
+        cfg["positive_label"] = "AA"
+    expected = Scorer.score_cats(examples, "cats", **cfg)
+    first, second = CatsState("cats", **cfg), CatsState("cats", **cfg)
+    first.update(examples[:cut])
+    second.update(examples[cut:])
+    second = CatsState.from_dict(srsly.json_loads(srsly.json_dumps(second.to_dict())), **cfg)
+    assert_scores_equal(expected, first.merge(second).result())
+
+
+def test_token_attr_custom_getter_and_missing_values(nlp):
+    gold = Doc(nlp.vocab, words=["Alpha", "beta", "Gamma", "d"])
+    pred = Doc(nlp.vocab, words=["Alpha", "beta", "Gamma", "d"])
+
+    def getter(token, attr):
+        return "up" if token.text[0].isupper() else ("skip" if token.text == "d" else "low")
+
+    eg = Example(pred, gold)
+    kwargs = dict(getter=getter, missing_values={"skip"})
+    state = TokenAttrState("shape", **kwargs)
+    state.update([eg])
+    assert_scores_equal(Scorer.score_token_attr([eg], "shape", **kwargs), state.result())
+    assert state.result() == {"shape_acc": 1.0}
+
+
+def test_tokenization_skips_unknown_spaces(nlp):
+    gold = Doc(nlp.vocab, words=["a", "b"])  # spaces unknown
+    pred = Doc(nlp.vocab, words=["a", "b"], spaces=[True, False])
+    eg = Example(pred, gold)
+    state = TokenizationState()
+    state.update([eg])
+    assert_scores_equal(Scorer.score_tokenization([eg]), state.result())
+    assert state.result()["token_acc"] is None
+
+
+def test_merge_refuses_other_kinds():
+    with pytest.raises(TypeError, match="Cannot merge"):
+        TokenizationState().merge(CatsState(labels=["A"]))
+    with pytest.raises(ValueError, match="kind"):
+        TokenizationState().load_dict({"kind": "cats"})
+
+
+# -- custom scorers --------------------------------------------------------------
+
+
+def _count_ents(examples, **kwargs):
+    n_pred = sum(len(eg.predicted.ents) for eg in examples)
+    n_gold = sum(len(eg.reference.ents) for eg in examples)
+    return {"n_pred_ents": n_pred, "ents_ratio": n_pred / n_gold if n_gold else None}
+
+
+@spacy.registry.scorers("spacy_lean_test.count_ents.v1")
+def make_count_ents_scorer():
+    return _count_ents
+
+
+@spacy.registry.scorers("spacy_lean_test.count_ents_twinned.v1")
+def make_count_ents_scorer_twinned():
+    return lambda examples, **kwargs: _count_ents(examples)
+
+
+class CountEntsState(ScoreState):
+    """A twin of `_count_ents`, as a user would write one."""
+
+    kind = "count_ents"
+
+    def __init__(self, **cfg):
+        self.n_pred = self.n_gold = 0
+
+    def update(self, examples):
+        for eg in examples:
+            self.n_pred += len(eg.predicted.ents)
+            self.n_gold += len(eg.reference.ents)
+
+    def _merge(self, other):
+        self.n_pred += other.n_pred
+        self.n_gold += other.n_gold
+
+    def result(self):
+        ratio = self.n_pred / self.n_gold if self.n_gold else None
+        return {"n_pred_ents": self.n_pred, "ents_ratio": ratio}
+
+    def to_dict(self):
+        return {"kind": self.kind, "n": [self.n_pred, self.n_gold]}
+
+    def load_dict(self, data):
+        self._check_kind(data)
+        self.n_pred, self.n_gold = data["n"]
+        return self
+
+
+def _ruler_pipeline(scorer_name):
+    nlp = spacy.blank("en")
+    ruler = nlp.add_pipe("entity_ruler", config={"scorer": {"@scorers": scorer_name}})
+    ruler.add_patterns([{"label": "ORG", "pattern": "Acme"}, {"label": "LOC", "pattern": "Oslo"}])
+    texts = ["Acme moved to Oslo .", "Nothing here .", "Oslo and Acme and Oslo ."]
+    examples = []
+    for text in texts:
+        gold = nlp.make_doc(text)
+        gold.ents = [gold.char_span(0, 4, label="ORG")] if text.startswith("Acme") else []
+        examples.append(Example(nlp(text), gold))
+    return nlp, examples
+
+
+def test_custom_scorer_without_twin_keeps_slim_examples():
+    nlp, examples = _ruler_pipeline("spacy_lean_test.count_ents.v1")
+    if not Doc.has_extension("trf_data"):
+        Doc.set_extension("trf_data", default=None)
+    for eg in examples:
+        eg.predicted._.trf_data = object()  # stands in for transformer output
+    with pytest.warns(UserWarning, match="'entity_ruler'.*no mergeable twin.*register_twin"):
+        state = make_pipeline_state(nlp)
+    assert state.fallbacks == ["entity_ruler"]
+    state.update(examples[:2])
+    kept = state.states[-1][1].examples
+    assert all(eg.predicted._.trf_data is None for eg in kept)
+    assert all(eg.predicted is not orig.predicted for eg, orig in zip(kept, examples))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other = make_pipeline_state(nlp)
+    other.update(examples[2:])
+    other = type(other).from_dict(srsly.json_loads(srsly.json_dumps(other.to_dict())), nlp)
+    expected = Scorer(nlp).score(examples)
+    got = state.merge(other).result()
+    got.pop("speed")
+    assert_scores_equal(expected, got)
+    assert got["n_pred_ents"] == 5
+
+
+def test_registered_twin_is_used_by_scorer_name():
+    register_twin("spacy_lean_test.count_ents_twinned.v1", CountEntsState)
+    nlp, examples = _ruler_pipeline("spacy_lean_test.count_ents_twinned.v1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = make_pipeline_state(nlp)
+    assert state.fallbacks == []
+    state.update(examples)
+    got = state.result()
+    got.pop("speed")
+    assert_scores_equal(Scorer(nlp).score(examples), got)
+
+
+def test_registered_twin_is_used_by_function():
+    def my_scorer(examples, **kwargs):
+        return _count_ents(examples)
+
+    register_twin(my_scorer, CountEntsState)
+    nlp, examples = _ruler_pipeline("spacy_lean_test.count_ents.v1")
+    nlp.get_pipe("entity_ruler").scorer = my_scorer
+    # the config still names a scorer without a twin; the function has one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = make_pipeline_state(nlp)
+    state.update(examples)
+    assert state.result()["n_pred_ents"] == 5
+
+
+def test_register_twin_rejects_bad_keys():
+    with pytest.raises(TypeError, match="registered scorer name or the scorer function"):
+        register_twin(42, CountEntsState)

@@ -1,0 +1,69 @@
+"""`spacy lean shard`: .spacy and .jsonl in, .spacy shards out, nothing lost."""
+import spacy
+import srsly
+from spacy.cli._util import app
+from spacy.tokens import DocBin
+from typer.testing import CliRunner
+
+import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
+from spacy_lean import synthetic
+from spacy_lean.corpus import LeanCorpus
+from spacy_lean.corpus.jsonl import doc_to_record
+from spacy_lean.corpus.shards import write_shards
+
+runner = CliRunner()
+
+
+def flat(result):
+    """The command's output with wasabi's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def docs_of(path, nlp):
+    return [eg.reference for eg in LeanCorpus(path)(nlp)]
+
+
+def summary(docs):
+    return [(d.text, [(e.start, e.end, e.label_) for e in d.ents], [t.is_sent_start for t in d])
+            for d in docs]
+
+
+def test_shard_spacy_input(tmp_path):
+    nlp = spacy.blank("en")
+    synthetic.write_ner_corpus(tmp_path / "in" / "a.spacy", 23, seed=1)
+    synthetic.write_ner_corpus(tmp_path / "in" / "b.spacy", 9, seed=2)
+    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"),
+                                 "--docs-per-shard", "10"])
+    assert result.exit_code == 0, result.output
+    assert "Wrote 4 shards" in result.output
+    shards = sorted((tmp_path / "out").glob("*.spacy"))
+    assert [len(DocBin().from_disk(s)) for s in shards] == [10, 10, 10, 2]
+    assert summary(docs_of(tmp_path / "out", nlp)) == summary(docs_of(tmp_path / "in", nlp))
+
+
+def test_shard_jsonl_input(tmp_path):
+    nlp = spacy.blank("en")
+    docs = synthetic.make_ner_docs(nlp, 15, seed=3)
+    records = [doc_to_record(d) for d in docs]
+    for r in records:
+        del r["tokens"]  # tokenized by the --lang tokenizer
+        r["cats"] = {"NEWS": 1.0}
+    srsly.write_jsonl(tmp_path / "in.jsonl", records)
+    written = write_shards(tmp_path / "in.jsonl", tmp_path / "out", 4, lang="en")
+    assert len(written) == 4
+    got = docs_of(tmp_path / "out", nlp)
+    assert [d.text for d in got] == [d.text for d in docs]
+    assert [[e.text for e in d.ents] for d in got] == [[e.text for e in d.ents] for d in docs]
+    assert all(d.cats == {"NEWS": 1.0} for d in got)
+
+
+def test_shard_errors(tmp_path):
+    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "missing"), str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "not found" in flat(result) and "missing" in flat(result)
+    synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
+    assert runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "o")]).exit_code == 0
+    again = runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "o")])
+    assert again.exit_code == 1 and "already holds shards" in flat(again)
+    bad = runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "p"), "-n", "0"])
+    assert bad.exit_code == 1 and "docs_per_shard must be >= 1, got 0" in flat(bad)
