@@ -98,7 +98,10 @@ def child(approach: str, text_path: Path, dict_path: Path, work_dir: Path) -> di
         n_read = _iterate_lean(encoded, torch)
     elif approach == "int64_tensor":
         encoder = _CharEncoder(dictionary, id_dtype(len(dictionary)))
-        parts = [torch.from_numpy(encoder(chunk).astype(np.int64)) for chunk in iter_text_chunks([text_path])]
+        parts = [
+            torch.from_numpy(encoder(chunk).astype(np.int64))
+            for chunk in iter_text_chunks([text_path])
+        ]
         ids = torch.cat(parts)
         del parts
         t_data = time.perf_counter() - start
@@ -108,7 +111,9 @@ def child(approach: str, text_path: Path, dict_path: Path, work_dir: Path) -> di
         with open(text_path, encoding="utf-8") as file_:
             docs = (doc + "\n" for doc in file_.read().split("\n") if doc)
             lines = [list(doc) for doc in docs]
-        ids = torch.tensor([dictionary.get_idx(ch) for chars in lines for ch in chars], dtype=torch.long)
+        ids = torch.tensor(
+            [dictionary.get_idx(ch) for chars in lines for ch in chars], dtype=torch.long
+        )
         del lines
         t_data = time.perf_counter() - start
         n_chars, itemsize = len(ids), 8
@@ -165,7 +170,10 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=None, help="Size of the text in MB")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/spacy_lean_bench"))
     parser.add_argument("--approaches", default=",".join(APPROACHES))
-    parser.add_argument("--output", type=Path, default=None, help="JSON file (default: benchmarks/results/charlm_loader_memory.json; --quick: none)")
+    parser.add_argument(
+        "--output", type=Path, default=None,
+        help="JSON file (default: benchmarks/results/charlm_loader_memory.json; --quick: none)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--text", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dictionary", type=Path, default=None, help=argparse.SUPPRESS)
@@ -205,7 +213,8 @@ def main() -> None:
             name: {
                 "peak_rss": r["peak_rss_mb"] / max(lean["peak_rss_mb"], 1e-9),
                 "rss_after_epoch": r["rss_after_epoch_mb"] / max(lean["rss_after_epoch_mb"], 1e-9),
-                "rss_anon_after_epoch": r["rss_anon_after_epoch_mb"] / max(lean["rss_anon_after_epoch_mb"], 1e-9),
+                "rss_anon_after_epoch": r["rss_anon_after_epoch_mb"]
+                / max(lean["rss_anon_after_epoch_mb"], 1e-9),
             }
             for name, r in results.items()
             if name != "lean"

@@ -11,6 +11,7 @@ mostly 1-15 sentences, 3% with 20-60), as whole docs and as the pieces
 spacy-lean.Corpus.v1 makes with max_length = 128; plus a lognormal(3, 0.9)
 distribution of sentence-like lengths.
 """
+
 import argparse
 import json
 import random
@@ -44,14 +45,20 @@ def run(lengths, size):
     def as_lengths(batches):
         return ([len(x) for x in b] for b in batches)
 
-    out = {"items": n, "tokens": total, "mean_length": round(total / n, 1), "max_length": max(lengths)}
+    out = {
+        "items": n,
+        "tokens": total,
+        "mean_length": round(total / n, 1),
+        "max_length": max(lengths),
+    }
     t = time.perf_counter()
     out["spacy_batch_by_padded_buffer256"] = measure(
         as_lengths(minibatch_by_padded_size(items, size=size, buffer=256)), total, n
     )
     out["spacy_batch_by_padded_buffer256_discard_oversize"] = measure(
         as_lengths(minibatch_by_padded_size(items, size=size, buffer=256, discard_oversize=True)),
-        total, n,
+        total,
+        n,
     )
     out["spacy_seconds"] = round(time.perf_counter() - t, 3)
     t = time.perf_counter()
@@ -66,7 +73,9 @@ def run(lengths, size):
     out["lean_seconds"] = round(time.perf_counter() - t, 3)
     base = out["spacy_batch_by_padded_buffer256"]
     lean = out["lean_batch_by_tokens_default"]
-    out["ratio_padding_lean_vs_spacy"] = round(lean["padding_fraction"] / base["padding_fraction"], 3)
+    out["ratio_padding_lean_vs_spacy"] = round(
+        lean["padding_fraction"] / base["padding_fraction"], 3
+    )
     out["ratio_batches_lean_vs_spacy"] = round(lean["batches"] / base["batches"], 3)
     return out
 

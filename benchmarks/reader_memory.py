@@ -2,14 +2,16 @@
 listed as `spacy train` lists it (max_epochs >= 0), spaCy's `Corpus` streamed
 (max_epochs = -1), and spacy-lean's `Corpus.v1` streaming and compact. Each reader
 runs in a fresh subprocess; memory is the process's resident set (VmRSS / VmHWM from
-/proc) above its level just before reading. Prints JSON and writes
-benchmarks/results/reader_memory.json.
+/proc) above its level just before reading: "held" after a gc and glibc's
+malloc_trim (what the listed or compact corpus keeps), "peak" the high-water mark.
+Prints JSON and writes benchmarks/results/reader_memory.json.
 
     python benchmarks/reader_memory.py [--quick] [--tokens N] [--data-dir DIR]
 
 The corpus (generated NER docs, `spacy_lean.synthetic`, in shards of ~2,000 docs) is
 written once to --data-dir and reused.
 """
+
 import argparse
 import gc
 import json
@@ -34,6 +36,19 @@ def _reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def _held() -> int:
+    """Resident bytes after a collection and after glibc returns freed heap to the OS
+    (so the figure is what the process holds, not what its allocator keeps cached)."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return _proc_status("VmRSS")
 
 
 def make_corpus(data_dir: Path, n_tokens: int) -> Path:
@@ -66,8 +81,7 @@ def worker(mode: str, path: Path) -> dict:
     from spacy_lean.corpus import LeanCorpus
 
     nlp = spacy.blank("en")
-    gc.collect()
-    base = _proc_status("VmRSS")
+    base = _held()
     peak_ok = _reset_peak()
     out = {"mode": mode}
     start = time.perf_counter()
@@ -77,8 +91,7 @@ def worker(mode: str, path: Path) -> dict:
         seconds = time.perf_counter() - start
         n_docs = len(examples)
         n_tokens = sum(len(eg.reference) for eg in examples)
-        gc.collect()
-        held = _proc_status("VmRSS") - base
+        held = _held() - base
     elif mode in ("spacy_streamed", "lean_streaming"):
         corpus = Corpus(path) if mode == "spacy_streamed" else LeanCorpus(path)
         for eg in corpus(nlp):
@@ -91,8 +104,7 @@ def worker(mode: str, path: Path) -> dict:
         for eg in corpus(nlp):  # first epoch: reads the files, keeps compact chunks
             pass
         out["build_seconds"] = round(time.perf_counter() - start, 2)
-        gc.collect()
-        held = _proc_status("VmRSS") - base
+        held = _held() - base
         out["compact_bytes_per_token"] = round(corpus.compact_nbytes() / corpus.stats.tokens, 2)
         start = time.perf_counter()
         for eg in corpus(nlp):  # second epoch: from memory
@@ -121,7 +133,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default="/tmp/spacy_lean_bench", help="corpus cache")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "reader_memory.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "reader_memory.json")
+    )
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, Path(args.path))))
@@ -132,13 +146,16 @@ def main() -> None:
     for mode in MODES:
         proc = subprocess.run(
             [sys.executable, __file__, "--worker", mode, "--path", str(path)],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         )
         results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(json.dumps(results[mode]), file=sys.stderr)
     base = results["spacy_listed"]
     summary = {
-        "command": "python benchmarks/reader_memory.py" + (" --quick" if args.quick else "")
+        "command": "python benchmarks/reader_memory.py"
+        + (" --quick" if args.quick else "")
         + (f" --tokens {args.tokens}" if args.tokens else ""),
         "corpus_tokens": base["tokens"],
         "corpus_docs": base["docs"],
@@ -151,11 +168,13 @@ def main() -> None:
         ),
         "ratio_speed_streaming_vs_spacy_streamed": round(
             results["lean_streaming"]["docs_per_second"]
-            / results["spacy_streamed"]["docs_per_second"], 3
+            / results["spacy_streamed"]["docs_per_second"],
+            3,
         ),
         "ratio_speed_compact_vs_spacy_streamed": round(
             results["lean_compact"]["docs_per_second"]
-            / results["spacy_streamed"]["docs_per_second"], 3
+            / results["spacy_streamed"]["docs_per_second"],
+            3,
         ),
     }
     text = json.dumps(summary, indent=2)

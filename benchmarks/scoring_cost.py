@@ -16,6 +16,7 @@ from pathlib import Path
 import spacy
 import srsly
 from spacy.scorer import Scorer
+from spacy.tokens import Doc
 from spacy.training import Example
 
 from spacy_lean.scoring import make_pipeline_state
@@ -34,26 +35,7 @@ def _sum_without(per_component, skip):
     return {"spacy_s": round(s, 4), "lean_s": round(l_, 4), "lean_over_spacy": round(l_ / s, 3)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
-    parser.add_argument("--n-docs", type=int, default=None, help="dev docs (default 1000)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "scoring_cost.json"))
-    args = parser.parse_args()
-    n_docs = args.n_docs or (100 if args.quick else 1000)
-    repeats = args.repeats or (3 if args.quick else 5)
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    except ImportError:  # pragma: no cover
-        pass
-
-    nlp = spacy.blank("en")
-    nlp = build_scoring_pipeline(nlp, make_scoring_docs(nlp, 60, seed=1), n_steps=15)
-    gold = make_scoring_docs(nlp, n_docs, seed=2)
+def _run_setting(nlp, gold, repeats):
     docs = nlp.pipe([nlp.make_doc(d.text) for d in gold], batch_size=64)
     examples = [Example(doc, ref) for doc, ref in zip(docs, gold)]
     n_tokens = sum(len(eg.predicted) for eg in examples)
@@ -63,23 +45,17 @@ def main() -> None:
         state.update(examples)
         return state
 
-    # Same numbers?
     expected = Scorer(nlp).score(examples)
     state = lean_score()
     got = state.result()
     got.pop("speed")
     same = srsly.json_dumps(expected, sort_keys=False) == srsly.json_dumps(got, sort_keys=False)
-
-    # Whole pipeline, interleaved.
     spacy_t, lean_t = [], []
     for _ in range(repeats):
         spacy_t.append(_time(lambda: Scorer(nlp).score(examples)))
         lean_t.append(_time(lambda: lean_score().result()))
-
-    # Per component (the tokenizer included), interleaved.
     per_component = {}
-    template = make_pipeline_state(nlp)
-    for name, _ in template.states:
+    for name, _ in make_pipeline_state(nlp).states:
         comp = nlp.tokenizer if name == "tokenizer" else nlp.get_pipe(name)
         s_t, l_t = [], []
         fresh = [dict(make_pipeline_state(nlp).states)[name] for _ in range(repeats)]
@@ -98,23 +74,55 @@ def main() -> None:
             "lean_over_spacy": round(l_ / s, 3) if s else None,
         }
     s, l_ = statistics.median(spacy_t), statistics.median(lean_t)
-    result = {
-        "benchmark": "scoring_cost",
-        "n_docs": n_docs,
+    return {
+        "n_docs": len(examples),
+        "tokens_per_doc": round(n_tokens / max(1, len(examples)), 1),
         "n_tokens": n_tokens,
-        "repeats": repeats,
-        "pipeline": nlp.pipe_names,
         "same_scores_as_spacy": same,
         "whole_pipeline": {
             "spacy_s": round(s, 4),
             "lean_s": round(l_, 4),
             "lean_over_spacy": round(l_ / s, 3),
         },
-        "per_component": per_component,
         "sum_of_components_without_entity_linker": _sum_without(per_component, "entity_linker"),
+        "per_component": per_component,
         "state_json_bytes": len(srsly.json_dumps(state.to_dict())),
-        "note": "entity_linker (use_gold_ents) re-runs the linker on copies inside "
-        "scoring on both sides; median seconds over the repeats.",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
+    parser.add_argument("--n-docs", type=int, default=None, help="dev docs (default 1000)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    default_out = Path(__file__).parent / "results" / "scoring_cost.json"
+    parser.add_argument("--out", default=str(default_out))
+    args = parser.parse_args()
+    n_docs = args.n_docs or (100 if args.quick else 1000)
+    repeats = args.repeats or (3 if args.quick else 5)
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    except ImportError:  # pragma: no cover
+        pass
+
+    nlp = spacy.blank("en")
+    nlp = build_scoring_pipeline(nlp, make_scoring_docs(nlp, 60, seed=1), n_steps=15)
+    settings = []
+    for merge in (1, 10):  # short docs (~14 tokens) and long docs (~140 tokens)
+        gold = make_scoring_docs(nlp, n_docs, seed=2)
+        gold = [Doc.from_docs(gold[i : i + merge]) for i in range(0, len(gold), merge)]
+        settings.append(_run_setting(nlp, gold, repeats))
+    result = {
+        "benchmark": "scoring_cost",
+        "command": "python benchmarks/scoring_cost.py" + (" --quick" if args.quick else ""),
+        "repeats": repeats,
+        "pipeline": nlp.pipe_names,
+        "settings": settings,
+        "note": "median seconds over interleaved repeats; entity_linker (use_gold_ents) "
+        "re-runs the linker on copies inside scoring on both sides.",
     }
     text = json.dumps(result, indent=2)
     print(text)

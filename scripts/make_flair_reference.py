@@ -60,8 +60,8 @@ SENTENCES = [
     ("Great job 👍 team !", None),
     ("Pavel Ionescu joined Meridian Rail in Port Ambrel ahead of the Harvest Cup .", None),
     ("a", None),
-    ("Supercalifragilisticexpialidocious antidisestablishmentarianism floccinaucinihilipilification",
-     None),
+    ("Supercalifragilisticexpialidocious antidisestablishmentarianism "
+     "floccinaucinihilipilification", None),
     ("Tabs\tand odd ~ ^ | characters # % $ 42 3.14 .", None),
     ("Lower-case words only here", None),
     ("MIXED case WORDS and NUMBERS 2026 .", None),

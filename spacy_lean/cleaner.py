@@ -272,7 +272,7 @@ class LeanCleaner:
         # The cleaner declares `assigns` for analyze_pipes: it is not a producer.
         producers = {
             attr: [p for p in found if p != my_name]
-            for attr, found in find_producers(nlp, attrs).items()
+            for attr, found in find_producers(nlp, list(dict.fromkeys([TRF_DATA] + attrs))).items()
         }
         if self.cfg["trf_data"] or self.cfg["compact_vectors"]:
             if not producers.get(TRF_DATA):
@@ -285,7 +285,9 @@ class LeanCleaner:
                     + (" or to pool into compact vectors" if self.cfg["compact_vectors"] else "")
                     + f". It releases what there is: {what}.",
                 )
-        late = sorted({p for attr in attrs for p in producers.get(attr, []) if p in names[position + 1:]})
+        late = sorted(
+            {p for attr in attrs for p in producers[attr] if p in names[position + 1:]}
+        )
         if late:
             self._warn_once(
                 f"late:{','.join(late)}",

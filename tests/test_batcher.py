@@ -1,4 +1,5 @@
 """spacy-lean.batch_by_tokens.v1: budget, nothing dropped, padding, fixed count."""
+
 import random
 
 import pytest
@@ -99,7 +100,9 @@ def test_shuffle_seeded():
     items = long_tailed(400, seed=4)
     a = [[len(x) for x in b] for b in TokenBudgetBatcher(size=500, window=400, seed=1)(items)]
     b = [[len(x) for x in b] for b in TokenBudgetBatcher(size=500, window=400, seed=1)(items)]
-    c = [[len(x) for x in b] for b in TokenBudgetBatcher(size=500, window=400, shuffle=False)(items)]
+    c = [
+        [len(x) for x in b] for b in TokenBudgetBatcher(size=500, window=400, shuffle=False)(items)
+    ]
     assert a == b and a != c and sorted(map(tuple, a)) == sorted(map(tuple, c))
 
 
@@ -108,7 +111,9 @@ def test_examples_and_wordpiece_lengths(tiny_transformer):
     docs = synthetic.make_ner_docs(nlp, 40, seed=3)
     examples = [Example(nlp.make_doc(d.text), d) for d in docs]
     counter = WordpieceCounter(tiny_transformer)
-    batcher = configure_batch_by_tokens_v1(size=800, window=40, wordpiece_tokenizer=str(tiny_transformer))
+    batcher = configure_batch_by_tokens_v1(
+        size=800, window=40, wordpiece_tokenizer=str(tiny_transformer)
+    )
     batches = list(batcher(examples))
     assert sum(len(b) for b in batches) == 40
     for batch in batches:
@@ -125,8 +130,12 @@ def test_registered_and_resolves_from_config():
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [({"size": 0}, "size .* must be >= 1, got 0"), ({"window": 0}, "window must be >= 1"),
-     ({"count": -1}, "count must be >= 0"), ({"max_padding": 1.5}, "max_padding must be in")],
+    [
+        ({"size": 0}, "size .* must be >= 1, got 0"),
+        ({"window": 0}, "window must be >= 1"),
+        ({"count": -1}, "count must be >= 0"),
+        ({"max_padding": 1.5}, "max_padding must be in"),
+    ],
 )
 def test_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):

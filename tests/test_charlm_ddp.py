@@ -15,7 +15,7 @@ from spacy_lean.charlm.train import STATE_FILE, train_charlm
 # Dropout off, so that 2 workers x 4 streams compute the same gradients as 1 x 8.
 TINY = dict(
     hidden_size=32, embedding_size=16, bptt=30, lr=5.0, dropout=0.0, max_epochs=2,
-    log_every=10, gpu_id=-1, progress=False,
+    log_every=10, checkpoint_every=30, gpu_id=-1, progress=False,
 )
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -29,7 +29,14 @@ def text_file(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("charlm_ddp_text") / "train.txt"
     path.write_text("\n".join(synthetic.generated_sentences(300, seed=12)) + "\n", encoding="utf8")
+    dev = path.parent / "dev.txt"
+    dev.write_text("\n".join(synthetic.generated_sentences(40, seed=13)) + "\n", encoding="utf8")
     return path
+
+
+@pytest.fixture(scope="module")
+def dev_file(text_file):
+    return text_file.parent / "dev.txt"
 
 
 def _worker(rank, world_size, store, text_file, output_dir, kwargs, result_dir):
@@ -53,7 +60,10 @@ def _train_ddp(tmp_path, text_file, output_dir, world_size=2, **kwargs):
     store = tmp_path / f"store-{uuid.uuid4().hex[:8]}"
     mp.spawn(
         _worker,
-        args=(world_size, str(store), str(text_file), str(output_dir), {**TINY, **kwargs}, str(result_dir)),
+        args=(
+            world_size, str(store), str(text_file), str(output_dir), {**TINY, **kwargs},
+            str(result_dir),
+        ),
         nprocs=world_size,
         join=True,
     )
@@ -69,13 +79,15 @@ def _identical(a, b):
 
 
 @pytest.fixture(scope="module")
-def reference(text_file, tmp_path_factory):
+def reference(text_file, dev_file, tmp_path_factory):
     """One process reading all 8 streams for 60 steps."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         out = tmp_path_factory.mktemp("charlm_ddp_ref")
-        return train_charlm([text_file], out, batch_size=8, max_steps=60, **TINY)
+        return train_charlm(
+            [text_file], out, batch_size=8, max_steps=60, dev_texts=[dev_file], **TINY
+        )
     finally:
         torch.set_num_threads(before)
 
@@ -88,11 +100,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_ddp_two_workers_then_one(tmp_path, text_file, reference, one_thread):
+def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_thread):
     """2 gloo workers x 4 streams: identical weights on both ranks, the loss falls,
-    and the steps equal one process's with 8 streams (up to float rounding). The
-    checkpoint then resumes on 1 worker (8 streams) and ends where the reference does."""
-    a, b = _train_ddp(tmp_path, text_file, tmp_path / "run", batch_size=4, max_steps=30)
+    and the steps equal one process's with 8 streams (up to float rounding), the dev
+    loss too (each worker evaluates its share). The checkpoint then resumes on 1 worker
+    (8 streams) and ends where the reference does."""
+    a, b = _train_ddp(
+        tmp_path, text_file, tmp_path / "run", batch_size=4, max_steps=30, dev_texts=[str(dev_file)]
+    )
     assert a["step"] == b["step"] == 30
     assert _identical(a["state_dict"], b["state_dict"])
     assert a["losses"] == b["losses"]  # averaged over the workers
@@ -100,6 +115,9 @@ def test_ddp_two_workers_then_one(tmp_path, text_file, reference, one_thread):
     for (step, mine), (ref_step, ref) in zip(a["losses"], reference.losses):
         assert step == ref_step and abs(mine - ref) < 1e-4
     state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    (dev_step, dev_loss), = state["dev_losses"]
+    assert dev_step == reference.dev_losses[0][0] == 30
+    assert abs(dev_loss - reference.dev_losses[0][1]) < 1e-4
     assert state["world_size"] == 2 and state["loader"]["n_streams"] == 8
     assert state["hidden"][0].shape == (1, 8, 32)  # the hidden states of all streams
     resumed = train_charlm([text_file], tmp_path / "run", resume=True, max_steps=60, **TINY)

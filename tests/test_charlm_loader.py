@@ -94,7 +94,8 @@ def test_streaming_encoding_across_chunk_boundaries(tmp_path):
     for chunk_size in (1, 2, 3, 5, 1 << 20):
         chunks = list(iter_text_chunks([folder], chunk_size=chunk_size))
         assert "".join(chunks) == expected
-        enc = encode_texts([folder], dictionary, tmp_path / f"enc{chunk_size}", chunk_size=chunk_size)
+        out = tmp_path / f"enc{chunk_size}"
+        enc = encode_texts([folder], dictionary, out, chunk_size=chunk_size)
         np.testing.assert_array_equal(enc.ids, dictionary.encode(expected))
         assert enc.ids[expected.index("🐍")] == 0
 
@@ -211,7 +212,10 @@ def test_resume_on_a_different_number_of_workers(encoded):
     """A state saved by 2 workers x 2 streams resumes on 1 worker x 4 streams (and on
     4 x 1) with the same batches: the global stream count is what the state fixes."""
     reference = _epoch(CharLMLoader(encoded, batch_size=4, bptt=10, seed=9))
-    two = [CharLMLoader(encoded, batch_size=2, bptt=10, seed=9, rank=r, world_size=2) for r in range(2)]
+    two = [
+        CharLMLoader(encoded, batch_size=2, bptt=10, seed=9, rank=r, world_size=2)
+        for r in range(2)
+    ]
     for loader in two:
         _take(loader, 7)
     state = two[0].state_dict()

@@ -97,6 +97,17 @@ def test_vectors_equal_flair_on_gpu(docs, pair, mode):
     assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
 
 
+def test_plain_mode_ignores_trailing_whitespace_like_flair(docs, sentences):
+    """Flair's `to_plain_string()` strips the text's end: a doc whose last token has
+    a trailing space gets the vectors of the same doc without it."""
+    vocab = docs[0].vocab
+    trailing = [Doc(vocab, words=s["words"], spaces=s["spaces"][:-1] + [True])
+                for s in sentences]
+    vectors, _ = CharLMEmbedder(*_lms("h64"), tokenized_lm=False)(trailing)
+    reference = numpy.load(DATA / "ref_h64_plain.npy")
+    assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
+
+
 def test_word_lists_and_docs_give_the_same_vectors(docs, sentences):
     embedder = CharLMEmbedder(*_lms("h64"))
     from_docs, _ = embedder(docs)

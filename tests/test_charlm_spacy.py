@@ -284,3 +284,57 @@ def test_layer_resolves_from_registry_and_infers_width(lm_paths, docs):
     assert model.get_dim("nO") == 64
     assert [y.shape for y in model.predict(docs[:3])] == [(len(d), 64) for d in docs[:3]]
     assert model.predict([]) == []
+
+
+TOK2VEC_CONFIG = """
+[model]
+@architectures = "spacy.Tok2Vec.v2"
+
+[model.embed]
+@layers = "chain.v1"
+
+[model.embed.*.concat]
+@layers = "concatenate.v1"
+
+[model.embed.*.concat.*.charlm]
+@architectures = "spacy-lean.CharLMEmbed.v1"
+forward_lm = "FORWARD"
+backward_lm = "BACKWARD"
+
+[model.embed.*.concat.*.hash]
+@architectures = "spacy.MultiHashEmbed.v2"
+width = 16
+attrs = ["NORM", "SHAPE"]
+rows = [500, 50]
+include_static_vectors = false
+
+[model.embed.*.proj]
+@layers = "with_array.v1"
+
+[model.embed.*.proj.layer]
+@layers = "Maxout.v1"
+nO = 24
+nP = 2
+
+[model.encode]
+@architectures = "spacy.MaxoutWindowEncoder.v2"
+width = 24
+depth = 1
+window_size = 1
+maxout_pieces = 2
+"""
+
+
+def test_inside_a_spacy_tok2vec_next_to_hash_embeddings(lm_paths, docs):
+    config = spacy.util.load_config_from_str(
+        TOK2VEC_CONFIG.replace("FORWARD", str(lm_paths["forward"]))
+        .replace("BACKWARD", str(lm_paths["backward"]))
+    )
+    model = registry.resolve(config)["model"]
+    model.initialize(X=docs[:4])
+    charlm = next(node for node in model.walk() if node.name == "charlm_embed")
+    assert charlm.get_dim("nO") == 128
+    Y, backprop = model.begin_update(docs[:5])
+    assert [y.shape for y in Y] == [(len(d), 24) for d in docs[:5]]
+    backprop([model.ops.xp.ones_like(y) for y in Y])
+    model.finish_update(Adam(0.001))

@@ -1,4 +1,5 @@
 """spacy-lean.Corpus.v1: sources, limit, shuffle, compact mode, resume, ranks, errors."""
+
 import json
 import random
 from pathlib import Path
@@ -135,7 +136,9 @@ def test_shuffle_buffer_bounds_docs_read_ahead(nlp, shard_dir, monkeypatch):
 @pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_yields_the_same_sequence(nlp, shard_dir, shuffle, compact):
-    settings = dict(max_length=15, shuffle=shuffle, shuffle_buffer=7, seed=5, compact=compact, compact_chunk=9)
+    settings = dict(
+        max_length=15, shuffle=shuffle, shuffle_buffer=7, seed=5, compact=compact, compact_chunk=9
+    )
     corpus = LeanCorpus(shard_dir, **settings)
     full = [key(eg) for eg in corpus.stream(nlp, epoch=2)]
     for stop in (0, 1, 6, 7, 8, 40, len(full) - 1, len(full)):
@@ -175,10 +178,18 @@ def test_resume_rejects_other_settings(nlp, shard_dir):
 def test_rank_shares_disjoint_and_complete(nlp, shard_dir, share_by, n):
     everything = [key(eg) for eg in LeanCorpus(shard_dir, max_length=20)(nlp)]
     shares = [
-        [key(eg) for eg in LeanCorpus(
-            shard_dir, max_length=20, instance_rank=r, num_instances=n, share_by=share_by,
-            shuffle=True, seed=4,
-        )(nlp)]
+        [
+            key(eg)
+            for eg in LeanCorpus(
+                shard_dir,
+                max_length=20,
+                instance_rank=r,
+                num_instances=n,
+                share_by=share_by,
+                shuffle=True,
+                seed=4,
+            )(nlp)
+        ]
         for r in range(n)
     ]
     assert len(set(everything)) == len(everything)
@@ -223,8 +234,12 @@ def test_compact_mode_same_examples_and_small(nlp, shard_dir):
 
 
 def test_gold_preproc(nlp, tmp_path):
-    doc = Doc(nlp.vocab, words=["A", "b", ".", "C", "d", "."], spaces=[True, False, True, True, False, False],
-              sent_starts=[1, 0, 0, 1, 0, 0])
+    doc = Doc(
+        nlp.vocab,
+        words=["A", "b", ".", "C", "d", "."],
+        spaces=[True, False, True, True, False, False],
+        sent_starts=[1, 0, 0, 1, 0, 0],
+    )
     doc.ents = [Span(doc, 1, 4, label="X")]  # crosses the sentence boundary
     doc2 = Doc(nlp.vocab, words=["E", "f", ".", "G", "."], sent_starts=[1, 0, 0, 1, 0])
     DocBin(docs=[doc, doc2]).to_disk(tmp_path / "g.spacy")
@@ -247,9 +262,16 @@ def test_augmenter_applied(nlp, shard_dir):
 
 def test_jsonl_source(nlp, tmp_path):
     records = [
-        {"text": "Ada Lindqvist met Quillon Labs .", "entities": [[0, 13, "PERSON"], [18, 30, "ORG"]],
-         "cats": {"NEWS": 1.0}},
-        {"text": "Nobody came .", "spans": [{"start": 0, "end": 6, "label": "X"}], "meta": {"id": 7}},
+        {
+            "text": "Ada Lindqvist met Quillon Labs .",
+            "entities": [[0, 13, "PERSON"], [18, 30, "ORG"]],
+            "cats": {"NEWS": 1.0},
+        },
+        {
+            "text": "Nobody came .",
+            "spans": [{"start": 0, "end": 6, "label": "X"}],
+            "meta": {"id": 7},
+        },
         {"text": "in Veldmark", "spans": {"loc": [[3, 11, "LOC"]]}},
     ]
     path = tmp_path / "c.jsonl"
@@ -327,7 +349,9 @@ def test_mixed_formats_need_file_format(nlp, tmp_path):
 def test_bad_jsonl_names_line(nlp, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": "Ada met", "entities": [[1, 5, "X"]]}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: entities span \[1, 5, 'X'\].*token boundaries"):
+    with pytest.raises(
+        ValueError, match=r"bad\.jsonl:2: entities span \[1, 5, 'X'\].*token boundaries"
+    ):
         list(LeanCorpus(path)(nlp))
     path.write_text('{"text": "fine"}\n{not json\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
@@ -358,3 +382,37 @@ def test_random_docs_through_reader_lose_nothing(nlp, tmp_path):
         got = [eg.reference for eg in LeanCorpus(tmp_path, max_length=max_length)(nlp)]
         assert "".join(d.text for d in got) == "".join(d.text for d in docs)
         assert sum(len(d.ents) for d in got) == sum(len(d.ents) for d in docs)
+
+
+def test_rank_defaults_from_torch_distributed(shard_dir, monkeypatch):
+    """An initialised process group wins over the environment variables."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        assert LeanCorpus(shard_dir).rank_and_size == (0, 1)
+    finally:
+        dist.destroy_process_group()
+    assert LeanCorpus(shard_dir).rank_and_size == (1, 2)
+
+
+def test_max_length_in_wordpieces(nlp, shard_dir, tiny_transformer):
+    from spacy_lean.corpus import WordpieceCounter
+
+    counter = WordpieceCounter(tiny_transformer)
+    corpus = LeanCorpus(shard_dir, max_length=40, wordpiece_tokenizer=str(tiny_transformer))
+    examples = list(corpus(nlp))
+    lengths = [counter(eg.reference) for eg in examples]
+    assert max(lengths) <= 40 or corpus.stats.oversize_pieces
+    by_tokens = list(LeanCorpus(shard_dir, max_length=40)(nlp))
+    assert len(examples) > len(by_tokens)  # wordpieces outnumber tokens
+    assert "".join(eg.reference.text for eg in examples) == "".join(
+        eg.reference.text for eg in by_tokens
+    )

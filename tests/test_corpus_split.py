@@ -1,4 +1,5 @@
 """max_length splitting loses no annotation: checked over many random docs."""
+
 import random
 
 import numpy
@@ -85,7 +86,9 @@ def random_doc(nlp, rng: random.Random, with_parse: bool = True) -> Doc:
         for _ in range(rng.randint(0, 6)):
             start = rng.randrange(n)
             end = min(n, start + rng.choice([0, 1, 2, 4, 9]))
-            spans.append(Span(doc, start, end, label=rng.choice(LABELS), span_id=rng.choice(["", "s1"])))
+            spans.append(
+                Span(doc, start, end, label=rng.choice(LABELS), span_id=rng.choice(["", "s1"]))
+            )
         doc.spans[key] = spans
         doc.spans[key].attrs["scores"] = [0.5] * len(spans)
     doc.cats = {"POS": rng.random(), "NEG": 1.0}
@@ -117,15 +120,28 @@ def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats, lengths=N
     valid = protected_ok(doc)
     for piece, a in zip(pieces, bounds[:-1]):
         b = a + len(piece)
-        length = len(piece) if lengths is None else int(sum(lengths[a:b])) + stats_n_special(lengths)
+        length = (
+            len(piece) if lengths is None else int(sum(lengths[a:b])) + stats_n_special(lengths)
+        )
         if max_length and length > max_length:
             # oversize only when no valid cut lies inside the piece
             assert not valid[a + 1 : b].any(), (a, b)
     # cuts never split a protected span
     assert all(valid[c] for c in bounds[1:-1])
     # token attributes
-    for attr in ("tag_", "pos_", "lemma_", "norm_", "whitespace_", "ent_iob_", "ent_type_", "ent_kb_id_"):
-        assert [getattr(t, attr) for p in pieces for t in p] == [getattr(t, attr) for t in doc], attr
+    for attr in (
+        "tag_",
+        "pos_",
+        "lemma_",
+        "norm_",
+        "whitespace_",
+        "ent_iob_",
+        "ent_type_",
+        "ent_kb_id_",
+    ):
+        assert [getattr(t, attr) for p in pieces for t in p] == [
+            getattr(t, attr) for t in doc
+        ], attr
     assert [str(t.morph) for p in pieces for t in p] == [str(t.morph) for t in doc]
     # entities with char offsets and kb ids
     got = set()
@@ -138,7 +154,9 @@ def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats, lengths=N
         got_spans = []
         for piece, a in zip(pieces, bounds[:-1]):
             off = int(a)
-            got_spans.extend((s.start + off, s.end + off, s.label_, s.id_) for s in piece.spans[key])
+            got_spans.extend(
+                (s.start + off, s.end + off, s.label_, s.id_) for s in piece.spans[key]
+            )
             assert piece.spans[key].attrs == group.attrs
         assert sorted(got_spans) == sorted((s.start, s.end, s.label_, s.id_) for s in group)
     # sentence starts: same, except that every piece starts a sentence
@@ -193,7 +211,9 @@ def test_split_loses_nothing(nlp, seed):
         n_over = sum(1 for p in pieces if max_length and len(p) > max_length)
         assert stats.oversize_pieces == n_over
         if max_length:
-            assert all(len(p) <= max_length or p.ents or p.spans["sc"] or p.spans["other"] for p in pieces)
+            assert all(
+                len(p) <= max_length or p.ents or p.spans["sc"] or p.spans["other"] for p in pieces
+            )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -263,9 +283,7 @@ def test_split_in_wordpieces(nlp, tiny_transformer):
     # the tiny tokenizer adds no special tokens; real BERT tokenizers add 2
     assert counter.n_special == counter.tokenizer.num_special_tokens_to_add()
     rng = random.Random(7)
-    splitter = DocSplitter(
-        24, get_token_lengths=counter.token_lengths, n_special=counter.n_special
-    )
+    splitter = DocSplitter(24, get_token_lengths=counter.token_lengths, n_special=counter.n_special)
     n_split = 0
     for _ in range(30):
         doc = random_doc(nlp, rng, with_parse=False)

@@ -1,4 +1,5 @@
 """A real (tiny) `spacy train` run with spacy-lean.Corpus.v1 and batch_by_tokens.v1."""
+
 import pytest
 import spacy
 from spacy.cli.init_config import init_config

@@ -140,6 +140,7 @@ def test_dead_worker_is_retried_and_counted_once(model_dir, code_file, shard_dir
     assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))
 
 
+@pytest.mark.slow
 def test_worker_that_keeps_dying_fails_with_a_message(model_dir, code_file, shard_dir, tmp_path):
     model = with_crash_once(model_dir, code_file, tmp_path / "crashed", tmp_path / "model")
     with pytest.raises(WorkerDiedError, match="raise --max-retries"):

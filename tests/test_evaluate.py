@@ -315,13 +315,19 @@ def recorded_streaming(monkeypatch):
     return calls
 
 
-def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, tmp_path, recorded_streaming):
+@pytest.fixture(scope="module")
+def small_dev(tmp_path_factory):
+    return synthetic.write_ner_corpus(tmp_path_factory.mktemp("small_dev") / "dev.spacy", 10, seed=7)
+
+
+def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, small_dev, tmp_path, recorded_streaming):
     from spacy.cli.evaluate import evaluate as spacy_evaluate
     from spacy.cli.train import train
+    from spacy.training import Corpus
 
     config_path = _filled_config(trf_ner_config, tmp_path)
     out = tmp_path / "out"
-    overrides = {"paths.train": str(ner_corpus["train"]), "paths.dev": str(ner_corpus["dev"]), **TRAIN_OVERRIDES}
+    overrides = {"paths.train": str(ner_corpus["train"]), "paths.dev": str(small_dev), **TRAIN_OVERRIDES}
     train(config_path, out, overrides=overrides)
     assert len(recorded_streaming) >= 2  # the dev evaluations of `spacy train`
     saved = (out / "model-last" / "config.cfg").read_text()
@@ -329,30 +335,21 @@ def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, tmp_p
     nlp = spacy.load(out / "model-last")
     assert is_streaming(nlp)
     n_calls = len(recorded_streaming)
-    scores = spacy_evaluate(str(out / "model-last"), ner_corpus["dev"])
+    scores = spacy_evaluate(str(out / "model-last"), small_dev)
     assert len(recorded_streaming) == n_calls + 1  # `spacy evaluate` streamed
-    from spacy.training import Corpus
-
-    stock = Language.evaluate(nlp, list(Corpus(ner_corpus["dev"])(nlp)))
+    stock = Language.evaluate(nlp, list(Corpus(small_dev)(nlp)))
     assert_same_scores(scores, stock)
 
 
-def test_strip_callback_saves_a_portable_pipeline(trf_ner_config, ner_corpus, tmp_path, recorded_streaming):
-    from spacy.cli.train import train
-
-    config_path = _filled_config(trf_ner_config, tmp_path)
-    out = tmp_path / "out"
-    overrides = {
-        "paths.train": str(ner_corpus["train"]),
-        "paths.dev": str(ner_corpus["dev"]),
-        **TRAIN_OVERRIDES,
-        "training.max_steps": 2,
-        "training.before_to_disk": {"@callbacks": "spacy-lean.strip_streaming_evaluate.v1"},
-    }
-    train(config_path, out, overrides=overrides)
-    assert recorded_streaming  # training still streamed
-    assert CALLBACK_NAME not in (out / "model-last" / "config.cfg").read_text()
-    assert not is_streaming(spacy.load(out / "model-last"))
+def test_strip_callback_saves_a_portable_pipeline(trf_ner_nlp, tmp_path):
+    nlp = make_streaming_evaluate_v1()(trf_ner_nlp)
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    nlp.to_disk(tmp_path / "with")
+    assert is_streaming(spacy.load(tmp_path / "with"))
+    # What `spacy train` does with `[training.before_to_disk]` set to the strip callback.
+    make_strip_streaming_evaluate_v1()(nlp).to_disk(tmp_path / "without")
+    assert CALLBACK_NAME not in (tmp_path / "without" / "config.cfg").read_text()
+    assert not is_streaming(spacy.load(tmp_path / "without"))
 
 
 def test_checkpoint_file_is_json(trf_ner_nlp, tmp_path):

@@ -310,3 +310,53 @@ def test_transformer_pipeline_parity_without_fallbacks(trf_ner_nlp, dev_examples
     assert list(got) == list(expected)
     assert got["transformer"] == {}
     assert_scores_equal(without_speed(expected), without_speed(got))
+
+
+@pytest.fixture(scope="module")
+def rule_nlp_examples():
+    """A pipeline of rule-based components plus a span_finder (initialized only),
+    and processed examples for it."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")
+    ruler = nlp.add_pipe("attribute_ruler")
+    ruler.add([[{"LOWER": "the"}]], {"TAG": "DT", "POS": "DET", "LEMMA": "the",
+                                       "MORPH": "Definite=Def|PronType=Art"})
+    ruler.add([[{"LOWER": "reports"}]], {"TAG": "NNS", "POS": "NOUN", "LEMMA": "report",
+                                           "MORPH": "Number=Plur"})
+    ruler.add([[{"TEXT": "."}]], {"TAG": ".", "POS": "PUNCT", "MORPH": "PunctType=Peri"})
+    ent_ruler = nlp.add_pipe("entity_ruler")
+    ent_ruler.add_patterns(
+        [{"label": "PERSON", "pattern": "Ada Lindqvist"}, {"label": "ORG", "pattern": "Quillon Labs"},
+         {"label": "LOC", "pattern": "Veldmark"}, {"label": "PERSON", "pattern": "Veldmark"}]
+    )
+    span_ruler = nlp.add_pipe("span_ruler")
+    span_ruler.add_patterns(
+        [{"label": "SUBJ_NP", "pattern": [{"LOWER": "the"}, {"POS": "NOUN"}]},
+         {"label": "EVENT", "pattern": [{"LOWER": "joined"}, {"OP": "+", "IS_PUNCT": False}]}]
+    )
+    finder = nlp.add_pipe("span_finder", config={"spans_key": "sc"})
+    docs = make_scoring_docs(nlp, 36, seed=21)
+    for doc in docs:
+        if "sc" in doc.spans:
+            doc.spans["ruler"] = list(doc.spans["sc"])
+    train = [Example(nlp.make_doc(d.text), d) for d in docs[:12]]
+    finder.initialize(lambda: train, nlp=nlp)
+    examples = [Example(nlp.make_doc(d.text), d) for d in docs[12:]]
+    processed = [Example(p, eg.reference) for p, eg in zip(nlp.pipe(eg.predicted for eg in examples), examples)]
+    return nlp, processed
+
+
+@pytest.mark.parametrize("cuts", [[0, 24], [0, 1, 7, 24], [0, 5, 6, 13, 20, 24]])
+def test_rule_based_and_span_finder_scorers(rule_nlp_examples, cuts):
+    nlp, processed = rule_nlp_examples
+    for per_component in (False, True):
+        expected = Scorer(nlp).score(processed, per_component=per_component)
+        states = state_over(nlp, _batches(processed, cuts), per_component)
+        merged = states[0]
+        for other in states[1:]:
+            merged.merge(other)
+        assert merged.fallbacks == []
+        assert_scores_equal(expected, without_speed(merged.result()))
+    flat = Scorer(nlp).score(processed)
+    assert flat["ents_per_type"] and flat["spans_ruler_per_type"] and flat["tag_acc"] is not None
+    assert "spans_sc_f" in flat and "spans_sc_per_type" not in flat

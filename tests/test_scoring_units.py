@@ -307,3 +307,19 @@ def test_registered_twin_is_used_by_function():
 def test_register_twin_rejects_bad_keys():
     with pytest.raises(TypeError, match="registered scorer name or the scorer function"):
         register_twin(42, CountEntsState)
+
+
+def test_tokenization_codes_split_into_chunks(nlp, monkeypatch):
+    texts = ["Hello world .", "Mr. Smith's dog", "a-b c", "", "x"]
+    examples = []
+    for text in texts:
+        gold = Doc(nlp.vocab, words=text.replace("-", " - ").split() or ["."])
+        pred = nlp.make_doc(gold.text)
+        examples.append(Example(pred, gold))
+    whole = TokenizationState()
+    whole.update(examples)
+    monkeypatch.setattr(TokenizationState, "_max_code", 1)  # one doc per chunk
+    chunked = TokenizationState()
+    chunked.update(examples)
+    assert chunked.to_dict() == whole.to_dict()
+    assert_scores_equal(Scorer.score_tokenization(examples), chunked.result())

@@ -1,4 +1,5 @@
 """`spacy lean shard`: .spacy and .jsonl in, .spacy shards out, nothing lost."""
+
 import spacy
 import srsly
 from spacy.cli._util import app
@@ -24,16 +25,20 @@ def docs_of(path, nlp):
 
 
 def summary(docs):
-    return [(d.text, [(e.start, e.end, e.label_) for e in d.ents], [t.is_sent_start for t in d])
-            for d in docs]
+    return [
+        (d.text, [(e.start, e.end, e.label_) for e in d.ents], [t.is_sent_start for t in d])
+        for d in docs
+    ]
 
 
 def test_shard_spacy_input(tmp_path):
     nlp = spacy.blank("en")
     synthetic.write_ner_corpus(tmp_path / "in" / "a.spacy", 23, seed=1)
     synthetic.write_ner_corpus(tmp_path / "in" / "b.spacy", 9, seed=2)
-    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"),
-                                 "--docs-per-shard", "10"])
+    result = runner.invoke(
+        app,
+        ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"), "--docs-per-shard", "10"],
+    )
     assert result.exit_code == 0, result.output
     assert "Wrote 4 shards" in result.output
     shards = sorted((tmp_path / "out").glob("*.spacy"))
@@ -62,8 +67,15 @@ def test_shard_errors(tmp_path):
     assert result.exit_code == 1
     assert "not found" in flat(result) and "missing" in flat(result)
     synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
-    assert runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "o")]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "o")]
+        ).exit_code
+        == 0
+    )
     again = runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "o")])
     assert again.exit_code == 1 and "already holds shards" in flat(again)
-    bad = runner.invoke(app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "p"), "-n", "0"])
+    bad = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "p"), "-n", "0"]
+    )
     assert bad.exit_code == 1 and "docs_per_shard must be >= 1, got 0" in flat(bad)

@@ -51,33 +51,30 @@ def _words_and_spaces(item) -> Tuple[List[str], Optional[List[bool]]]:
 
 def _layout(items: Sequence[WordsInput], tokenized_lm: bool) -> _Texts:
     texts: List[str] = []
-    lens_parts: List[numpy.ndarray] = []
-    gaps_parts: List[numpy.ndarray] = []
+    all_words: List[str] = []
+    all_spaces: List[bool] = []
     n_tokens = numpy.zeros(len(items), dtype=numpy.int64)
     for i, item in enumerate(items):
         words, spaces = _words_and_spaces(item)
         n_tokens[i] = len(words)
-        lens = numpy.fromiter(map(len, words), dtype=numpy.int64, count=len(words))
+        all_words.extend(words)
         if tokenized_lm or spaces is None:
-            gaps = numpy.ones(len(words), dtype=numpy.int64)
             texts.append(" ".join(words))
+            all_spaces.extend([True] * len(words))
         else:
-            gaps = numpy.asarray(spaces, dtype=numpy.int64).reshape(-1)
-            texts.append("".join(w + " " if s else w for w, s in zip(words, spaces)))
-        if len(words):
-            gaps[-1] = 0
-        lens_parts.append(lens)
-        gaps_parts.append(gaps)
-    if not texts:
-        empty = numpy.zeros(0, dtype=numpy.int64)
-        return _Texts(texts, n_tokens, empty, empty, empty)
-    lens = numpy.concatenate(lens_parts)
-    gaps = numpy.concatenate(gaps_parts)
+            # Flair's `Sentence.to_plain_string()` strips trailing whitespace.
+            texts.append("".join(w + " " if s else w for w, s in zip(words, spaces)).rstrip())
+            all_spaces.extend(spaces)
+    total = len(all_words)
+    lens = numpy.fromiter(map(len, all_words), dtype=numpy.int64, count=total)
+    gaps = numpy.fromiter(all_spaces, dtype=numpy.int64, count=total)
+    ends_of_texts = numpy.cumsum(n_tokens)
+    gaps[ends_of_texts[n_tokens > 0] - 1] = 0  # nothing follows a text's last token
     # Start of each token = cumulative (len + gap) of the tokens before it in its text.
     step = lens + gaps
     csum = numpy.cumsum(step) - step
-    first = numpy.repeat(numpy.cumsum(n_tokens) - n_tokens, n_tokens)
-    starts = csum - csum[first] if len(csum) else csum
+    first = numpy.repeat(ends_of_texts - n_tokens, n_tokens)
+    starts = csum - csum[first]
     text_len = numpy.repeat(numpy.fromiter(map(len, texts), numpy.int64, len(texts)), n_tokens)
     return _Texts(texts, n_tokens, starts, starts + lens, text_len)
 

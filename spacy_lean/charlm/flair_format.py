@@ -6,10 +6,13 @@ settings of the model (`is_forward_lm`, `hidden_size`, `nlayers`, `embedding_siz
 written by older Flair versions lack the last three) and `dictionary`, a pickled
 `flair.data.Dictionary` whose `idx2item` holds UTF-8 encoded characters.
 
-Loading uses torch's restricted (`weights_only`) unpickler, with one extra allowed
-global: `flair.data.Dictionary`, mapped to the stand-in class below. Nothing else a
-checkpoint could name is executed. Writing produces the same pickle opcodes Flair
-writes, so `flair.models.LanguageModel.load_language_model` reads our files.
+Loading goes through `torch.load` with a restricted unpickler: it accepts only the
+globals such a file contains (tensor rebuild functions, `OrderedDict`,
+`_codecs.encode`) and maps `flair.data.Dictionary` to the stand-in class below, so
+reading a checkpoint cannot run code. (torch's own `weights_only` unpickler cannot
+be used: it rejects the protocol-4 FRAME opcode of Flair's files.) Writing pickles the
+stand-in as `flair.data.Dictionary` with Flair's attributes, so
+`flair.models.LanguageModel.load_language_model` reads our files.
 """
 import io
 import pickle
@@ -160,8 +163,11 @@ def load_checkpoint(
     RETURNS (Dict[str, Any]): the checkpoint dict, with defaults filled in for keys
         older Flair versions did not write, and `dictionary` as a `FlairDictionaryState`.
     """
-    source: Any = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
-    if not isinstance(path_or_bytes, bytes) and not Path(path_or_bytes).exists():
+    if isinstance(path_or_bytes, bytes):
+        source: Any = io.BytesIO(path_or_bytes)
+    elif Path(path_or_bytes).exists():
+        source = str(path_or_bytes)
+    else:
         raise FileNotFoundError(f"Character LM checkpoint not found: {path_or_bytes}")
     try:
         checkpoint = torch.load(

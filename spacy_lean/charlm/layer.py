@@ -30,6 +30,7 @@ optimizer updates them through the wrapper), with LM dropout, as Flair does.
 """
 from typing import Callable, List, Optional, Tuple
 
+import numpy
 import srsly
 import torch
 from spacy.tokens import Doc
@@ -121,7 +122,8 @@ def _convert_inputs(model: Model, docs: InT, is_train: bool) -> Tuple[ArgsKwargs
 def _convert_outputs(model: Model, inputs_outputs, is_train: bool):
     _, (vectors, n_tokens) = inputs_outputs
     flat = torch2xp(vectors.detach() if vectors.requires_grad else vectors)
-    Y = model.ops.unflatten(flat, model.ops.asarray1i(n_tokens)) if n_tokens else []
+    # Host-side lengths: splitting needs plain ints (no device sync per doc on GPU).
+    Y = model.ops.unflatten(flat, numpy.asarray(n_tokens, dtype="int32")) if n_tokens else []
 
     def convert_for_torch_backward(dY: OutT) -> ArgsKwargs:
         dY_flat = xp2torch(model.ops.flatten(dY), device=vectors.device)

@@ -22,7 +22,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -123,14 +123,35 @@ def expand_paths(paths: Sequence[PathLike]) -> List[Path]:
 
 
 def build_dictionary(
-    paths: Sequence[PathLike], *, min_count: int = 1, chunk_size: int = 1 << 20
+    paths: Sequence[PathLike],
+    *,
+    min_count: int = 1,
+    chunk_size: int = 1 << 20,
+    progress: bool = False,
 ) -> Any:
-    """Build a `CharDictionary` from text files, reading them chunk by chunk."""
+    """Build a `CharDictionary` from text files, reading them chunk by chunk.
+
+    paths (Sequence[PathLike]): Text files (UTF-8) or directories of them.
+    min_count (int): Keep characters seen at least this often.
+    chunk_size (int): Bytes read at a time.
+    progress (bool): Show a progress bar (bytes read).
+    RETURNS (CharDictionary): `<unk>` at 0, then the characters by frequency.
+    """
     from .model import CharDictionary
 
-    return CharDictionary.from_texts(
-        iter_text_chunks(paths, chunk_size=chunk_size), min_count=min_count
-    )
+    files = expand_paths(paths)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(p.stat().st_size for p in files)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="Counting characters", leave=False)
+    try:
+        chunks = iter_text_chunks(files, chunk_size=chunk_size, progress=bar)
+        return CharDictionary.from_texts(chunks, min_count=min_count)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 class _CharEncoder:
@@ -175,11 +196,15 @@ class EncodedText:
             )
         self.meta: Dict[str, Any] = json.loads(meta_path.read_text(encoding="utf8"))
         if self.meta.get("format") != FORMAT:
-            raise ValueError(f"Unknown encoded-text format in {meta_path}: {self.meta.get('format')!r}")
+            raise ValueError(
+                f"Unknown encoded-text format in {meta_path}: {self.meta.get('format')!r}"
+            )
         self.dtype = np.dtype(self.meta["dtype"])
         self.n_chars = int(self.meta["n_chars"])
         self.vocab_size = int(self.meta["vocab_size"])
-        self.ids = np.memmap(self.path / IDS_FILE, dtype=self.dtype, mode="r", shape=(self.n_chars,))
+        self.ids = np.memmap(
+            self.path / IDS_FILE, dtype=self.dtype, mode="r", shape=(self.n_chars,)
+        )
 
     def __len__(self) -> int:
         return self.n_chars
@@ -202,7 +227,9 @@ def _describe_sources(paths: Sequence[PathLike]) -> List[Dict[str, Any]]:
     out = []
     for path in expand_paths(paths):
         stat = path.stat()
-        out.append({"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+        out.append(
+            {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        )
     return out
 
 
@@ -322,7 +349,9 @@ class CharLMLoader:
         if bptt < 1:
             raise ValueError(f"bptt must be >= 1, got {bptt}.")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"Need 0 <= rank < world_size, got rank={rank}, world_size={world_size}.")
+            raise ValueError(
+                f"Need 0 <= rank < world_size, got rank={rank}, world_size={world_size}."
+            )
         self.ids = ids
         self.n_chars = int(ids.shape[0])
         self.batch_size = batch_size
@@ -349,7 +378,8 @@ class CharLMLoader:
                 f"least {self.n_streams + 1} characters. Use a smaller batch size."
             )
         first = rank * batch_size
-        self._starts = (np.arange(first, first + batch_size, dtype=np.int64) * self.stream_len)[None, :]
+        rows = np.arange(first, first + batch_size, dtype=np.int64)
+        self._starts = (rows * self.stream_len)[None, :]
         self._steps = np.arange(self.max_len + 1, dtype=np.int64)[:, None]
         self._index = np.empty((self.max_len + 1, batch_size), dtype=np.int64)
         self.buffer = np.empty((self.max_len + 1, batch_size), dtype=ids.dtype)

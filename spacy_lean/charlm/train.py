@@ -217,7 +217,8 @@ def train_charlm(
         raise ValueError(f"max_steps must be >= 0, got {max_steps}.")
     if checkpoint_every < 0 or log_every < 1:
         raise ValueError(
-            f"checkpoint_every must be >= 0 and log_every >= 1, got {checkpoint_every}, {log_every}."
+            "checkpoint_every must be >= 0 and log_every >= 1, got "
+            f"{checkpoint_every}, {log_every}."
         )
     requested = None if gpu_id is None or gpu_id >= 0 else torch.device("cpu")
     dist = _setup_distributed(requested)
@@ -294,6 +295,7 @@ class _Trainer:
         self.dev = dev
         self.dev_losses: List[Tuple[int, float]] = []
         self.postfix: Dict[str, str] = {}
+        self.bar: Optional[Any] = None  # tqdm progress bar, main worker only
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -345,7 +347,7 @@ class _Trainer:
         else:
             output_dir.mkdir(parents=True, exist_ok=True)
             if dictionary is None:
-                dictionary = _shared_dictionary(texts, min_char_count, dist)
+                dictionary = _shared_dictionary(texts, min_char_count, dist, progress)
             torch.manual_seed(seed)
             model = CharLM(dictionary, **model_kwargs)
         if not model.has_decoder:
@@ -353,7 +355,8 @@ class _Trainer:
         encoded = _shared_encoding(texts, dictionary, output_dir / CORPUS_DIR, dist, progress)
         dev = None
         if dev_texts:
-            dev = _shared_encoding(dev_texts, dictionary, output_dir / DEV_CORPUS_DIR, dist, progress)
+            dev_dir = output_dir / DEV_CORPUS_DIR
+            dev = _shared_encoding(dev_texts, dictionary, dev_dir, dist, progress)
             if len(dev) - 1 < dist.world_size:
                 raise ValueError(
                     f"The dev text ({len(dev)} characters) is too short for {dist.world_size} "
@@ -363,8 +366,9 @@ class _Trainer:
         loader_settings = dict(bptt=loader_kwargs["bptt"], randomize=loader_kwargs["randomize"])
         if state is not None:
             batch_size = CharLMLoader.batch_size_for(state["loader"], dist.world_size)
-            loader_settings = dict(bptt=state["config"]["bptt"], randomize=state["config"]["randomize"])
-            seed = state["config"]["seed"]
+            saved = state["config"]
+            loader_settings = dict(bptt=saved["bptt"], randomize=saved["randomize"])
+            seed, clip, lr = saved["seed"], saved["clip"], saved["lr"]
         loader = CharLMLoader(
             encoded,
             batch_size,
@@ -394,7 +398,7 @@ class _Trainer:
             dist=dist,
             device=device,
             seed=seed,
-            clip=state["config"]["clip"] if state is not None else clip,
+            clip=clip,
             config=config,
             dev=dev,
         )
@@ -409,8 +413,9 @@ class _Trainer:
         self.losses = [(int(s), float(v)) for s, v in state["losses"]]
         self.pending = [float(v) for v in state["pending_loss"]]
         self.dev_losses = [(int(s), float(v)) for s, v in state.get("dev_losses", [])]
-        rows = self.loader.rows()
-        self.hidden = tuple(h[:, rows].contiguous().to(self.device) for h in state["hidden"])
+        if state["hidden"] is not None:
+            rows = self.loader.rows()
+            self.hidden = tuple(h[:, rows].contiguous().to(self.device) for h in state["hidden"])
 
     def run(
         self,
@@ -423,16 +428,15 @@ class _Trainer:
     ) -> CharLMTrainResult:
         loader = self.loader
         vocab_size = len(self.model.dictionary)
-        bar = None
-        self.bar = None
         if progress and self.dist.is_main:
             from tqdm import tqdm
 
             total = max_epochs * loader.approx_batches_per_epoch
             if max_steps is not None:
-                total = min(total, max_steps) if max_epochs > 0 else max_steps
-            bar = tqdm(total=total, initial=min(self.step, total), unit="step", desc="Training")
-            self.bar = bar
+                total = min(total, max_steps)
+            self.bar = tqdm(
+                total=total, initial=min(self.step, total), unit="step", desc="Training"
+            )
         loss_sum = torch.tensor(self.pending[0], device=self.device)
         n_summed = int(self.pending[1])
         last_saved = self.step
@@ -469,8 +473,8 @@ class _Trainer:
                             epoch=str(loader.epoch), loss=f"{mean:.3f}",
                             ppl=f"{math.exp(min(mean, 50.0)):.2f}",
                         )
-                    if bar is not None:
-                        bar.update(1)
+                    if self.bar is not None:
+                        self.bar.update(1)
                     if checkpoint_every and self.step % checkpoint_every == 0:
                         self.pending = [float(loss_sum), float(n_summed)]
                         self.save()
@@ -481,8 +485,9 @@ class _Trainer:
             if self.step != last_saved or not (self.output_dir / STATE_FILE).exists():
                 self.save()
         finally:
-            if bar is not None:
-                bar.close()
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
         self.model.eval()
         losses = list(self.losses)
         if n_summed:
@@ -500,7 +505,8 @@ class _Trainer:
         )
 
     def _record(self, loss_sum: torch.Tensor, n: int) -> float:
-        total = torch.stack([loss_sum.detach().clone(), torch.tensor(float(n), device=loss_sum.device)])
+        count = torch.tensor(float(n), device=loss_sum.device)
+        total = torch.stack([loss_sum.detach().clone(), count])
         if self.dist.enabled:
             torch.distributed.all_reduce(total)
         return float(total[0] / total[1])
@@ -578,11 +584,13 @@ class _Trainer:
         self.dist.barrier()
 
 
-def _shared_dictionary(texts: Sequence[PathLike], min_count: int, dist: _Dist) -> CharDictionary:
+def _shared_dictionary(
+    texts: Sequence[PathLike], min_count: int, dist: _Dist, progress: bool
+) -> CharDictionary:
     """Build the dictionary on the main worker and send it to the others."""
     items = [None]
     if dist.is_main:
-        items[0] = build_dictionary(texts, min_count=min_count).idx2item
+        items[0] = build_dictionary(texts, min_count=min_count, progress=progress).idx2item
     if dist.enabled:
         torch.distributed.broadcast_object_list(items, src=0)
     return CharDictionary(items[0])

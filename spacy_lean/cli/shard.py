@@ -1,4 +1,5 @@
 """`spacy lean shard`: split a corpus into .spacy shards, streaming."""
+
 from pathlib import Path
 
 import typer
@@ -24,8 +25,13 @@ def shard_cli(
 
     try:
         written = write_shards(
-            input_path, output_dir, docs_per_shard, lang=lang, prefix=prefix,
-            jsonl_spans_key=spans_key, progress=True,
+            input_path,
+            output_dir,
+            docs_per_shard,
+            lang=lang,
+            prefix=prefix,
+            jsonl_spans_key=spans_key,
+            progress=True,
         )
     except (FileNotFoundError, ValueError) as err:
         msg.fail(str(err), exits=1)

@@ -1,5 +1,6 @@
 """Memory-lean corpora: a streaming, resumable reader that splits long documents
 without losing annotation, a token-budget batcher, and shard helpers."""
+
 from .batcher import BatchStats, TokenBudgetBatcher, configure_batch_by_tokens_v1  # noqa: F401
 from .lengths import WordpieceCounter, token_length  # noqa: F401
 from .reader import CorpusStats, CorpusStream, LeanCorpus, create_lean_corpus_v1  # noqa: F401

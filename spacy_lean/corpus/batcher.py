@@ -1,5 +1,6 @@
 """`spacy-lean.batch_by_tokens.v1`: batches within a token budget, from a read-ahead
 window sorted by length, never dropping anything."""
+
 import itertools
 import random
 from dataclasses import asdict, dataclass
@@ -88,8 +89,13 @@ def configure_batch_by_tokens_v1(
     if wordpiece_tokenizer:
         get_length = WordpieceCounter(wordpiece_tokenizer)
     return TokenBudgetBatcher(
-        size=size, window=window, max_padding=max_padding, count=count, shuffle=shuffle,
-        seed=seed, get_length=get_length,
+        size=size,
+        window=window,
+        max_padding=max_padding,
+        count=count,
+        shuffle=shuffle,
+        seed=seed,
+        get_length=get_length,
     )
 
 

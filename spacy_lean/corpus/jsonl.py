@@ -16,6 +16,7 @@ One JSON object per line:
 Offsets must fall on token boundaries; a record whose offsets do not raises an error
 naming the file, the line and the span.
 """
+
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Union
 
@@ -42,7 +43,7 @@ def doc_from_record(
     """
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise ValueError(
-            f"{where}: each record must be a JSON object with a string \"text\" key, "
+            f'{where}: each record must be a JSON object with a string "text" key, '
             f"got {str(record)[:80]!r}."
         )
     text = record["text"]
@@ -53,8 +54,8 @@ def doc_from_record(
         doc = Doc(nlp.vocab, words=words, spaces=spaces)
         if doc.text != text:
             raise ValueError(
-                f"{where}: the \"tokens\" do not reproduce \"text\" (got {doc.text[:60]!r}). "
-                "Fix their \"ws\" flags, or drop \"tokens\" to use the pipeline's tokenizer."
+                f'{where}: the "tokens" do not reproduce "text" (got {doc.text[:60]!r}). '
+                'Fix their "ws" flags, or drop "tokens" to use the pipeline\'s tokenizer.'
             )
     else:
         doc = nlp.make_doc(text)
@@ -77,12 +78,12 @@ def doc_from_record(
         except ValueError as err:
             raise ValueError(
                 f"{where}: overlapping entities ({err}). Entities may not overlap; put "
-                "overlapping annotation in \"spans\" instead."
+                'overlapping annotation in "spans" instead.'
             ) from err
     cats = record.get("cats")
     if cats:
         if not isinstance(cats, dict):
-            raise ValueError(f"{where}: \"cats\" must be an object of label -> score.")
+            raise ValueError(f'{where}: "cats" must be an object of label -> score.')
         doc.cats.update({str(k): float(v) for k, v in cats.items()})
     if "meta" in record:
         doc.user_data["meta"] = record["meta"]
@@ -91,7 +92,7 @@ def doc_from_record(
 
 def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
     if not isinstance(items, list):
-        raise ValueError(f"{where}: \"{field}\" must be a list of [start, end, label].")
+        raise ValueError(f'{where}: "{field}" must be a list of [start, end, label].')
     spans = []
     for item in items:
         start, end, label = _triple(item, where, field)
@@ -100,7 +101,7 @@ def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
             raise ValueError(
                 f"{where}: {field} span [{start}, {end}, {label!r}] "
                 f"({doc.text[start:end]!r}) does not fall on token boundaries. Fix the "
-                "character offsets, or give the record \"tokens\" that match them."
+                'character offsets, or give the record "tokens" that match them.'
             )
         spans.append(span)
     return spans
@@ -112,8 +113,8 @@ def _triple(item: Any, where: str, field: str):
     if isinstance(item, (list, tuple)) and len(item) == 3:
         return int(item[0]), int(item[1]), str(item[2])
     raise ValueError(
-        f"{where}: each item of \"{field}\" must be [start, end, label] or "
-        f"{{\"start\", \"end\", \"label\"}}, got {item!r}."
+        f'{where}: each item of "{field}" must be [start, end, label] or '
+        f'{{"start", "end", "label"}}, got {item!r}.'
     )
 
 

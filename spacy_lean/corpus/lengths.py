@@ -1,5 +1,6 @@
 """Length functions: how long a doc or example is, in spaCy tokens or in the
 wordpieces of a transformer tokenizer."""
+
 from pathlib import Path
 from typing import Callable, List, Optional, Union
 
@@ -75,4 +76,3 @@ def get_length_function(wordpiece_tokenizer: Optional[Union[str, Path]]) -> Call
     if wordpiece_tokenizer:
         return WordpieceCounter(wordpiece_tokenizer)
     return token_length
-

@@ -1,4 +1,5 @@
 """`spacy-lean.Corpus.v1`: a streaming, resumable, rank-aware corpus reader."""
+
 import gc
 import logging
 import warnings
@@ -18,6 +19,7 @@ from .shards import (
     check_rank,
     count_shard_docs,
     default_rank_and_size,
+    docbin_add,
     docbin_docs,
     iter_shard_docs,
     list_shards,
@@ -63,7 +65,7 @@ def create_lean_corpus_v1(
     if path is None:
         raise ValueError(
             "spacy-lean.Corpus.v1 needs a path, got None. Set it in the config (e.g. "
-            "[paths] train = \"corpus/train.spacy\") or with --paths.train."
+            '[paths] train = "corpus/train.spacy") or with --paths.train.'
         )
     return LeanCorpus(
         path,
@@ -144,18 +146,23 @@ class LeanCorpus:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}. Use 0 for no limit.")
         if shuffle and shuffle_buffer < 1:
-            raise ValueError(f"shuffle_buffer must be >= 1 when shuffle is on, got {shuffle_buffer}.")
+            raise ValueError(
+                f"shuffle_buffer must be >= 1 when shuffle is on, got {shuffle_buffer}."
+            )
         if compact_chunk < 1:
             raise ValueError(f"compact_chunk must be >= 1, got {compact_chunk}.")
         if share_by not in ("doc", "shard"):
             raise ValueError(f"share_by must be 'doc' or 'shard', got {share_by!r}.")
         suffixes = {"auto": None, "spacy": ".spacy", "jsonl": ".jsonl"}
         if file_format not in suffixes:
-            raise ValueError(f"file_format must be 'auto', 'spacy' or 'jsonl', got {file_format!r}.")
+            raise ValueError(
+                f"file_format must be 'auto', 'spacy' or 'jsonl', got {file_format!r}."
+            )
         if (instance_rank is None) != (num_instances is None):
             raise ValueError(
-                "Set both instance_rank and num_instances, or neither (then they come "
-                f"from torch.distributed or RANK/WORLD_SIZE); got {instance_rank} and {num_instances}."
+                "Set both instance_rank and num_instances, or neither (then they come from "
+                "torch.distributed or RANK/WORLD_SIZE); got "
+                f"{instance_rank} and {num_instances}."
             )
         if num_instances is not None:
             check_rank(instance_rank, num_instances)  # type: ignore[arg-type]
@@ -272,7 +279,10 @@ class LeanCorpus:
             kwargs: Dict[str, Any] = {}
             if self.wordpiece_tokenizer:
                 counter = WordpieceCounter(self.wordpiece_tokenizer)
-                kwargs = {"get_token_lengths": counter.token_lengths, "n_special": counter.n_special}
+                kwargs = {
+                    "get_token_lengths": counter.token_lengths,
+                    "n_special": counter.n_special,
+                }
             self._splitter = DocSplitter(
                 self.max_length, split_sentences=self.gold_preproc, **kwargs
             )
@@ -306,7 +316,8 @@ class LeanCorpus:
 
     def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
         if self.compact:
-            chunk = DocBin(store_user_data=True).from_bytes(self._compact_chunks[unit])  # type: ignore[index]
+            data = self._compact_chunks[unit]  # type: ignore[index]
+            chunk = DocBin(store_user_data=True).from_bytes(data)
             return docbin_docs(chunk, nlp.vocab)
         return iter_shard_docs(
             self.shards[unit], nlp.vocab, {"spans_key": self.jsonl_spans_key}, nlp=nlp
@@ -342,7 +353,7 @@ class LeanCorpus:
             for unit in self._units():
                 for _, pieces in self._unit_pieces(nlp, unit, stats):
                     for piece in pieces:
-                        doc_bin.add(piece)
+                        docbin_add(doc_bin, piece)
                         if len(doc_bin) >= self.compact_chunk:
                             chunks.append(doc_bin.to_bytes())
                             doc_bin = DocBin(store_user_data=True)
@@ -356,7 +367,9 @@ class LeanCorpus:
         gc.collect()
         _release_free_memory()
 
-    def _restore_buffer(self, nlp: Language, refs: Sequence[Sequence[int]]) -> List[Tuple[Ref, Doc]]:
+    def _restore_buffer(
+        self, nlp: Language, refs: Sequence[Sequence[int]]
+    ) -> List[Tuple[Ref, Doc]]:
         by_unit: Dict[int, Dict[int, List[int]]] = {}
         for u, d, k in refs:
             by_unit.setdefault(u, {}).setdefault(d, []).append(k)
@@ -403,8 +416,15 @@ class LeanCorpus:
                 "spacy-lean.Corpus.v1 %s: %d docs (%d empty, skipped), %d split into %d "
                 "pieces (%d cuts at sentences, %d inside sentences, %d oversize pieces, "
                 "%d dependency arcs cut)",
-                self.path, stats.docs, stats.empty_docs, stats.docs_split, stats.pieces,
-                stats.sentence_cuts, stats.token_cuts, stats.oversize_pieces, stats.cut_arcs,
+                self.path,
+                stats.docs,
+                stats.empty_docs,
+                stats.docs_split,
+                stats.pieces,
+                stats.sentence_cuts,
+                stats.token_cuts,
+                stats.oversize_pieces,
+                stats.cut_arcs,
             )
 
 

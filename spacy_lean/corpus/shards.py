@@ -1,5 +1,6 @@
 """Finding corpus files, reading them one shard at a time, and sharing them out
 among workers."""
+
 import os
 import zlib
 from pathlib import Path
@@ -72,7 +73,7 @@ def detect_format(path: Union[str, Path]) -> str:
             return fmt
     raise ValueError(
         f"Unknown corpus format for '{path}': expected a .spacy file (DocBin), a .jsonl "
-        "file (one JSON object with a \"text\" key per line) or a folder of them. "
+        'file (one JSON object with a "text" key per line) or a folder of them. '
         "Convert other formats with `python -m spacy convert`."
     )
 
@@ -136,8 +137,9 @@ def read_docbin(path: Union[str, Path]) -> DocBin:
         ) from err
 
 
-def iter_shard_docs(path: Path, vocab: Vocab, jsonl_options: Optional[dict] = None,
-                    nlp=None) -> Iterator[Doc]:
+def iter_shard_docs(
+    path: Path, vocab: Vocab, jsonl_options: Optional[dict] = None, nlp=None
+) -> Iterator[Doc]:
     """Yield the docs of one shard, in stored order (empty docs included)."""
     fmt = detect_format(path)
     if fmt == "spacy":
@@ -161,20 +163,35 @@ _EMPTY_MSGPACK_MAP = b"\x80"
 
 
 def docbin_docs(doc_bin: DocBin, vocab: Vocab) -> Iterator[Doc]:
-    """`doc_bin.get_docs(vocab)` with its user data, decoding the user data only of
-    docs that have some (decoding an empty map costs as much as a whole doc)."""
-    user_data = doc_bin.user_data if doc_bin.store_user_data else []
+    """`doc_bin.get_docs(vocab)` with the docs' user data, decoding only the user data
+    of docs that have some (srsly's decoder costs ~2 ms a call, even for an empty map:
+    more than decoding the doc)."""
+    user_data = doc_bin.user_data
     if not user_data:
         yield from doc_bin.get_docs(vocab)
         return
-    doc_bin.store_user_data = False
+    doc_bin.user_data = []
     try:
-        for doc, data in zip(doc_bin.get_docs(vocab), user_data):
+        for i, doc in enumerate(doc_bin.get_docs(vocab)):
+            data = user_data[i] if i < len(user_data) else None
             if data and data != _EMPTY_MSGPACK_MAP:
                 doc.user_data.update(srsly.msgpack_loads(data, use_list=False))
             yield doc
     finally:
+        doc_bin.user_data = user_data
+
+
+def docbin_add(doc_bin: DocBin, doc: Doc) -> None:
+    """`doc_bin.add(doc)`, encoding the user data only when there is some."""
+    if not doc_bin.store_user_data or doc.user_data:
+        doc_bin.add(doc)
+        return
+    doc_bin.store_user_data = False
+    try:
+        doc_bin.add(doc)
+    finally:
         doc_bin.store_user_data = True
+    doc_bin.user_data.append(_EMPTY_MSGPACK_MAP)
 
 
 def count_shard_docs(path: Path) -> int:
@@ -262,7 +279,7 @@ def write_shards(
     try:
         for path in inputs:
             for doc in iter_shard_docs(path, nlp.vocab, {"spans_key": jsonl_spans_key}, nlp=nlp):
-                doc_bin.add(doc)
+                docbin_add(doc_bin, doc)
                 if bar is not None:
                     bar.update(1)
                 if len(doc_bin) >= docs_per_shard:

@@ -14,6 +14,7 @@ rather than as a root. Cuts at sentence boundaries never cross an arc in a
 well-formed parse; only cuts inside an over-long sentence can, and they are counted
 (`cut_arcs`).
 """
+
 import copy
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Dict, List, Optional, Sequence, Tuple

@@ -162,7 +162,8 @@ def describe_value(value: Any) -> Any:
     if isinstance(value, float):
         return float_to_json(value)
     if isinstance(value, dict):
-        return {str(k): describe_value(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        return {str(k): describe_value(v) for k, v in items}
     if isinstance(value, (list, tuple)):
         return [describe_value(v) for v in value]
     if isinstance(value, (set, frozenset)):

@@ -173,7 +173,9 @@ class DepsState(ScoreState):
         order = numpy.lexsort(
             (
                 numpy.arange(seq.shape[0]),
-                numpy.concatenate([numpy.zeros(n_valid, numpy.int64), numpy.ones(pc.shape[0], numpy.int64)]),
+                numpy.concatenate(
+                    [numpy.zeros(n_valid, numpy.int64), numpy.ones(pc.shape[0], numpy.int64)]
+                ),
                 numpy.concatenate([g_doc_all[g_valid], pd]),
             )
         )

@@ -196,7 +196,6 @@ def build_scoring_pipeline(
 
     RETURNS (Language): The trained pipeline.
     """
-    import spacy
     from thinc.api import fix_random_seed
 
     fix_random_seed(seed)

@@ -251,7 +251,7 @@ class PipelineScoreState:
                 "make_state) or the 'spacy_lean_scoring_twins' entry-point group; see "
                 "docs/scoring.md.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         return SlimExamplesState(score, nlp.vocab)
 

@@ -115,6 +115,7 @@ class TokenizationState(ScoreState):
     Docs whose reference has unknown spaces are skipped, as in spaCy."""
 
     kind = "tokenization"
+    _max_code = 2**62
 
     def __init__(self, **cfg) -> None:
         self.acc = PRFScore()
@@ -125,37 +126,48 @@ class TokenizationState(ScoreState):
         # are coded together with its doc's position in the batch, so sets never
         # mix docs.
         gold_parts, pred_parts, lengths = [], [], []
-        docs = []
+        base = 1
         for eg in examples:
             if eg.reference.has_unknown_spaces:
                 continue
-            docs.append(eg)
-        if not docs:
-            return
-        base = max(max(len(eg.reference.text), len(eg.predicted.text)) for eg in docs) + 1
-        for k, eg in enumerate(docs):
-            gold_parts.append(self._spans(eg.reference, k, base)[0])
-            pred_codes, pred_keep = self._spans(eg.predicted, k, base)
-            pred_parts.append(pred_codes)
+            gold, _ = self._spans(eg.reference)
+            pred, pred_keep = self._spans(eg.predicted)
+            gold_parts.append(gold)
+            pred_parts.append(pred)
             lengths.append(numpy.asarray(eg.alignment.x2y.lengths)[pred_keep])
+            for spans in (gold, pred):
+                if spans.shape[0]:
+                    base = max(base, int(spans[:, 1].max()) + 1)
+        if not lengths:
+            return
         lengths_all = numpy.concatenate(lengths)
         n_one = int((lengths_all == 1).sum())
         prf_add_counts(self.acc, n_one, lengths_all.shape[0] - n_one, 0)
-        gold_spans = numpy.unique(numpy.concatenate(gold_parts))
-        pred_spans = numpy.unique(numpy.concatenate(pred_parts))
-        tp = numpy.intersect1d(pred_spans, gold_spans, assume_unique=True).shape[0]
-        prf_add_counts(self.prf, tp, pred_spans.shape[0] - tp, gold_spans.shape[0] - tp)
+        # Keep codes (k * base + start) * base + end below _max_code.
+        chunk = max(1, self._max_code // (base * base))
+        for lo in range(0, len(gold_parts), chunk):
+            gold_spans = self._codes(gold_parts[lo : lo + chunk], base)
+            pred_spans = self._codes(pred_parts[lo : lo + chunk], base)
+            tp = numpy.intersect1d(pred_spans, gold_spans, assume_unique=True).shape[0]
+            prf_add_counts(
+                self.prf, tp, pred_spans.shape[0] - tp, gold_spans.shape[0] - tp
+            )
 
     @staticmethod
-    def _spans(doc: Doc, k: int, base: int) -> Tuple[numpy.ndarray, numpy.ndarray]:
-        """Codes of (doc position, start, end) of the non-space tokens, and the
-        mask of non-space tokens."""
+    def _spans(doc: Doc) -> Tuple[numpy.ndarray, numpy.ndarray]:
+        """(start, end) character offsets of the non-space tokens as (n, 2) int64,
+        and the mask of non-space tokens."""
         if len(doc) == 0:
-            return numpy.zeros((0,), dtype=numpy.int64), numpy.zeros((0,), dtype=bool)
+            return numpy.zeros((0, 2), dtype=numpy.int64), numpy.zeros((0,), dtype=bool)
         arr = doc.to_array([IDX, LENGTH, IS_SPACE]).astype(numpy.int64)
         keep = arr[:, 2] == 0
-        starts = arr[keep, 0]
-        return (k * base + starts) * base + starts + arr[keep, 1], keep
+        arr = arr[keep]
+        return numpy.stack([arr[:, 0], arr[:, 0] + arr[:, 1]], axis=1), keep
+
+    @staticmethod
+    def _codes(parts: List[numpy.ndarray], base: int) -> numpy.ndarray:
+        codes = [(k * base + p[:, 0]) * base + p[:, 1] for k, p in enumerate(parts)]
+        return numpy.unique(numpy.concatenate(codes))
 
     def _merge(self, other: "TokenizationState") -> None:
         self.acc += other.acc
@@ -350,7 +362,10 @@ class TokenAttrPerFeatState(ScoreState):
         seq_codes = numpy.concatenate([g_codes[g_valid], p_codes])
         seq_doc = numpy.concatenate([g_doc[g_valid], p_doc])
         seq_side = numpy.concatenate(
-            [numpy.zeros(int(g_valid.sum()), numpy.int64), numpy.ones(p_codes.shape[0], numpy.int64)]
+            [
+                numpy.zeros(int(g_valid.sum()), numpy.int64),
+                numpy.ones(p_codes.shape[0], numpy.int64),
+            ]
         )
         order = numpy.lexsort((numpy.arange(seq_codes.shape[0]), seq_side, seq_doc))
         for code, _ in self._first_appearance(seq_codes[order]):

@@ -14,7 +14,7 @@ import functools
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import catalogue
-from spacy.scorer import Scorer, get_ner_prf
+from spacy.scorer import get_ner_prf
 from spacy.training import Example
 
 from .base import ScoreState
@@ -315,7 +315,11 @@ def _register_builtins() -> None:
             span_ruler.overlapping_labeled_spans_score,
             make_overlapping_spans_twin,
         ),
-        ("spacy.entity_linker_scorer.v1", entity_linker.entity_linker_score, make_entity_linker_twin),
+        (
+            "spacy.entity_linker_scorer.v1",
+            entity_linker.entity_linker_score,
+            make_entity_linker_twin,
+        ),
     ]
     for name, func, factory in table:
         _twins_by_function[func] = factory
