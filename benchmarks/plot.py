@@ -1,200 +1,286 @@
 """Draw PNG charts from the benchmark results (benchmarks/results/*.json).
 
-Every benchmark script writes one JSON file. This script finds, in each file, the
-list of measurement rows (dicts) and draws:
+One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`):
 
-- a line chart of each measured quantity against the size that varies across rows
-  (e.g. peak memory against dev-set size), one line per method (stock spaCy vs
-  spacy-lean), when the rows have such a size;
-- otherwise a bar chart of each measured quantity by method (e.g. padding fraction
-  by batcher).
+- eval_memory: peak RSS (and GPU memory, when measured) against dev-set size, stock
+  `nlp.evaluate` vs spacy-lean's streaming evaluation; throughput beside it;
+- cleaner_memory: peak RSS growth against the number of docs kept, by mode;
+- padding: padding fraction by batcher, for each corpus;
+- reader_memory: peak and held memory, and speed, by reader;
+- charlm_loader_memory: peak and resident memory by LM data loader;
+- charlm_speed: tokens/s and peak memory, Flair vs spacy-lean, by setting;
+- any other file: bars of each measured quantity (memory, time, speed, ratio...) of
+  the first group of two or more named entries found in it; skipped if it has none.
 
-It writes `plots.json` into the output folder: which PNG came from which file, and
-which files had nothing to draw. Usage:
-
-    python benchmarks/plot.py benchmarks/results benchmarks/results
+`plots.json` in the output folder lists the PNG of each file and why a file was
+skipped. Usage: `python benchmarks/plot.py [RESULTS_DIR] [OUTPUT_DIR]` (default
+benchmarks/results for both).
 """
 import json
 import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-# Keys that name the method a row measures (first match wins).
-METHOD_KEYS = (
-    "method", "variant", "side", "impl", "implementation", "batcher", "strategy", "mode",
-    "reader", "evaluator", "name", "label", "setting", "config",
-)
-# Keys that are the size a row was measured at (first match with >1 value wins).
-SIZE_KEYS = (
-    "dev_docs", "n_docs", "docs", "dev_size", "size", "n_examples", "examples", "n_tokens",
-    "tokens", "n_texts", "texts", "n_sentences", "sentences", "n_chars", "chars",
-    "budget", "window", "batch_size", "n",
-)
-# What is worth drawing: measured quantities, not settings.
-METRIC_PATTERN = re.compile(
-    r"(peak|mem|rss|bytes|_mb|mib|gib|_kb|seconds|time|_s$|speed|per_sec|/s|ratio|"
-    r"fraction|padding|waste|throughput|words|tokens_per|docs_per|chars_per)",
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+SKIP_FILES = ("plots.json",)
+# Which numeric fields the generic plot draws.
+MEASURED = re.compile(
+    r"(peak|mem|rss|bytes|_mb$|_kb$|seconds|_s$|speed|per_s|ratio|fraction|padding|"
+    r"throughput|over)",
     re.IGNORECASE,
 )
-SKIP_FILES = ("plots.json",)
 
 
-def find_rows(data: Any) -> List[Dict[str, Any]]:
-    """The longest list of flat-ish dicts anywhere in `data` (nested dicts flattened
-    with dotted keys); rows kept as dicts keyed by their dict key when the results
-    are a mapping of method -> measurements."""
-    best: List[Dict[str, Any]] = []
-
-    def visit(node: Any, key: Optional[str] = None) -> None:
-        nonlocal best
-        if isinstance(node, list):
-            rows = [_flatten(item) for item in node if isinstance(item, dict)]
-            if len(rows) > len(best):
-                best = rows
-            for item in node:
-                visit(item)
-        elif isinstance(node, dict):
-            values = list(node.values())
-            # {"stock": {...}, "lean": {...}}: one row per key.
-            if len(values) >= 2 and all(isinstance(v, dict) for v in values):
-                rows = []
-                for name, value in node.items():
-                    flat = _flatten(value)
-                    if any(_is_number(v) for v in flat.values()):
-                        rows.append({"method": str(name), **flat})
-                if len(rows) > len(best):
-                    best = rows
-            for name, value in node.items():
-                visit(value, name)
-
-    visit(data)
-    return best
+class SchemaError(ValueError):
+    """A results file lacks what its plotter needs."""
 
 
-def _flatten(row: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    flat: Dict[str, Any] = {}
-    for key, value in row.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _is_number(value: Any) -> bool:
+def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def choose_method_key(rows: Sequence[Dict[str, Any]]) -> Optional[str]:
-    keys = [k for k in METHOD_KEYS if all(isinstance(r.get(k), str) for r in rows)]
-    for key in keys:
-        if len({r[key] for r in rows}) > 1:
-            return key
-    return keys[0] if keys else None
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def choose_size_key(rows: Sequence[Dict[str, Any]]) -> Optional[str]:
-    for key in SIZE_KEYS:
-        if all(_is_number(r.get(key)) for r in rows) and len({r[key] for r in rows}) > 1:
-            return key
+def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]], ylabel: str,
+          title: str, fmt: Optional[str] = None) -> None:
+    """Grouped bars: one group per entry of `groups`, one bar per series."""
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        heights = [v if v is not None else 0.0 for v in values]
+        bars = ax.bar(xs, heights, width, label=name)
+        for bar, value in zip(bars, values):
+            if value is not None:
+                text = fmt.format(value) if fmt else _label(value)
+                ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+
+
+def _lines(ax, xs_by_name: Dict[str, Sequence[float]], ys_by_name: Dict[str, Sequence[float]],
+           xlabel: str, ylabel: str, title: str) -> None:
+    for name, xs in xs_by_name.items():
+        ax.plot(xs, ys_by_name[name], marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_ylim(bottom=0)
+
+
+def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
+    rows = data["summary"]["per_size"]
+    if not rows:
+        raise SchemaError("summary.per_size is empty")
+    sizes = [r["size"] for r in rows]
+    has_gpu = all("stock_peak_gpu_mb" in r for r in rows)
+    fig, axes = plt.subplots(1, 3 if has_gpu else 2, figsize=(12 if has_gpu else 9, 4))
+    modes = {"stock nlp.evaluate": "stock", "spacy-lean streaming": "streaming"}
+    _lines(axes[0], {m: sizes for m in modes},
+           {m: [r[f"{k}_peak_rss_mb"] for r in rows] for m, k in modes.items()},
+           "dev-set size (docs)", "peak RSS (MB)", "Evaluation: peak memory vs dev-set size")
+    _lines(axes[1], {m: sizes for m in modes},
+           {m: [r[f"{k}_docs_per_s"] for r in rows] for m, k in modes.items()},
+           "dev-set size (docs)", "docs / s", "Evaluation throughput")
+    if has_gpu:
+        _lines(axes[2], {m: sizes for m in modes},
+               {m: [r[f"{k}_peak_gpu_mb"] for r in rows] for m, k in modes.items()},
+               "dev-set size (docs)", "peak GPU memory (MB)", "Evaluation: peak GPU memory")
+    return fig
+
+
+def plot_cleaner_memory(data: Dict[str, Any]) -> plt.Figure:
+    points: Dict[str, List[Dict[str, Any]]] = data["points"]
+    if not points:
+        raise SchemaError("points is empty")
+    has_gpu = all("gpu_kept_kb" in p for rows in points.values() for p in rows)
+    fig, axes = plt.subplots(1, 2 if has_gpu else 1, figsize=(11 if has_gpu else 6, 4), squeeze=False)
+    _lines(axes[0][0], {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
+           {m: [p["peak_rss_growth_kb"] / 1024 for p in rows] for m, rows in points.items()},
+           "docs kept (list(nlp.pipe(texts)))", "peak RSS growth (MB)",
+           "Kept docs: memory with and without lean_cleaner")
+    if has_gpu:
+        _lines(axes[0][1], {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
+               {m: [p["gpu_kept_kb"] / 1024 for p in rows] for m, rows in points.items()},
+               "docs kept", "GPU memory kept (MB)", "Kept docs: GPU memory")
+    return fig
+
+
+def plot_padding(data: Dict[str, Any]) -> plt.Figure:
+    corpora = {k: v for k, v in data.items() if isinstance(v, dict) and "items" in v}
+    if not corpora:
+        raise SchemaError("no corpus entries (dicts with 'items')")
+    batchers: List[str] = []
+    for entry in corpora.values():
+        for key, value in entry.items():
+            if isinstance(value, dict) and "padding_fraction" in value and key not in batchers:
+                batchers.append(key)
+    if not batchers:
+        raise SchemaError("no batcher entries with padding_fraction")
+    groups = [f"{name}\n(mean {c.get('mean_length', '?')}, max {c.get('max_length', '?')})"
+              for name, c in corpora.items()]
+    fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(groups)), 4.5))
+    _bars(ax, groups,
+          {b: [c[b]["padding_fraction"] if b in c else None for c in corpora.values()] for b in batchers},
+          "padding fraction (padded - real) / padded",
+          f"Padding by batcher (budget {data.get('size', '?')} padded tokens)", fmt="{:.1%}")
+    return fig
+
+
+def _by_name(entries: Dict[str, Dict[str, Any]], keys: Sequence[Tuple[str, str]],
+             title: str) -> plt.Figure:
+    """One bar panel per (key, label), one bar per named entry."""
+    present = [(k, label) for k, label in keys if any(_num(e.get(k)) for e in entries.values())]
+    if not present:
+        raise SchemaError(f"none of {[k for k, _ in keys]} in the entries")
+    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 4), squeeze=False)
+    names = list(entries)
+    for ax, (key, label) in zip(axes[0], present):
+        _bars(ax, names, {label: [entries[n].get(key) if _num(entries[n].get(key)) else None
+                                  for n in names]}, label, label)
+    fig.suptitle(title)
+    return fig
+
+
+def plot_reader_memory(data: Dict[str, Any]) -> plt.Figure:
+    return _by_name(
+        data["results"],
+        [("peak_mb", "peak RSS (MB)"), ("held_bytes_per_token", "held bytes / token"),
+         ("docs_per_second", "docs / s")],
+        f"Readers over {data.get('corpus_tokens', '?')} tokens",
+    )
+
+
+def plot_charlm_loader_memory(data: Dict[str, Any]) -> plt.Figure:
+    return _by_name(
+        data["results"],
+        [("peak_rss_mb", "peak RSS (MB)"), ("rss_after_epoch_mb", "RSS after an epoch (MB)"),
+         ("data_seconds", "seconds reading an epoch")],
+        f"Char-LM data loaders over {data.get('text_mb', '?')} MB of text",
+    )
+
+
+def plot_charlm_speed(data: Dict[str, Any]) -> plt.Figure:
+    results = data["results"]
+    if not results:
+        raise SchemaError("results is empty")
+    groups = [f"{r['device']} h{r['hidden_size']} t{r['threads']}" for r in results]
+    sides: List[str] = []
+    for r in results:
+        sides += [s for s in r["sides"] if s not in sides]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    _bars(axes[0], groups, {s: [r["sides"].get(s, {}).get("tokens_per_s_median") for r in results]
+                            for s in sides}, "tokens / s (median)", "Char-LM embedding speed",
+          fmt="{:.0f}")
+    _bars(axes[1], groups,
+          {s: [r["sides"].get(s, {}).get("peak_rss_increase_mb_median") for r in results]
+           for s in sides}, "peak RSS increase (MB)", "Char-LM embedding memory", fmt="{:.0f}")
+    return fig
+
+
+def _named_groups(node: Any) -> Optional[Dict[str, Dict[str, float]]]:
+    """The first mapping (depth first) of >= 2 names to dicts with measured numbers."""
+    if isinstance(node, dict):
+        values = list(node.values())
+        if len(values) >= 2 and all(isinstance(v, dict) for v in values):
+            flat = {name: {k: v for k, v in value.items() if _num(v) and MEASURED.search(k)}
+                    for name, value in node.items()}
+            if sum(1 for f in flat.values() if f) >= 2:
+                return {name: f for name, f in flat.items() if f}
+        for value in values:
+            found = _named_groups(value)
+            if found:
+                return found
+    elif isinstance(node, list):
+        for item in node:
+            found = _named_groups(item)
+            if found:
+                return found
     return None
 
 
-def choose_metrics(rows: Sequence[Dict[str, Any]], exclude: Sequence[Optional[str]]) -> List[str]:
+def plot_generic(data: Any) -> plt.Figure:
+    groups = _named_groups(data)
+    if not groups:
+        raise SchemaError("no group of named entries with measured quantities")
     keys: List[str] = []
-    for row in rows:
-        for key, value in row.items():
-            if key in exclude or key in keys or not _is_number(value):
-                continue
-            if METRIC_PATTERN.search(key):
-                keys.append(key)
-    return keys
+    for entry in groups.values():
+        keys += [k for k in entry if k not in keys and sum(k in e for e in groups.values()) >= 2]
+    if not keys:
+        raise SchemaError("the named entries share no measured quantity")
+    return _by_name(groups, [(k, k) for k in keys[:4]], "")
 
 
-def plot_file(path: Path, out_dir: Path) -> Tuple[List[str], Optional[str]]:
-    """Draw the charts of one results file. RETURNS: (PNG paths, reason if none)."""
-    import matplotlib
+PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
+    "eval_memory": plot_eval_memory,
+    "cleaner_memory": plot_cleaner_memory,
+    "padding": plot_padding,
+    "reader_memory": plot_reader_memory,
+    "charlm_loader_memory": plot_charlm_loader_memory,
+    "charlm_speed": plot_charlm_speed,
+}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot_file(path: Path, out_dir: Path) -> Tuple[Optional[Path], Optional[str]]:
+    """Draw one results file. RETURNS: (the PNG, None) or (None, why it was skipped)."""
     try:
         data = json.loads(path.read_text(encoding="utf8"))
     except (OSError, ValueError) as err:
-        return [], f"unreadable: {err}"
-    rows = find_rows(data)
-    if len(rows) < 2:
-        return [], "no list of measurement rows"
-    method_key = choose_method_key(rows)
-    size_key = choose_size_key(rows)
-    metrics = choose_metrics(rows, exclude=[method_key, size_key])
-    if not metrics:
-        return [], "no measured quantity (memory, time, speed, padding...) in the rows"
-    methods = sorted({str(r.get(method_key, "")) for r in rows}) if method_key else [""]
-    pngs = []
-    for metric in metrics:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        if size_key is not None:
-            for method in methods:
-                points = sorted(
-                    (r[size_key], r[metric]) for r in rows
-                    if _is_number(r.get(metric)) and (not method_key or str(r.get(method_key)) == method)
-                )
-                if points:
-                    xs, ys = zip(*points)
-                    ax.plot(xs, ys, marker="o", label=method or metric)
-            ax.set_xlabel(size_key)
-            if len({r[size_key] for r in rows}) > 2 and min(r[size_key] for r in rows) > 0:
-                ratio = max(r[size_key] for r in rows) / min(r[size_key] for r in rows)
-                if ratio >= 20:
-                    ax.set_xscale("log")
-        else:
-            labels, values = [], []
-            for i, row in enumerate(rows):
-                if _is_number(row.get(metric)):
-                    labels.append(str(row.get(method_key, i)) if method_key else str(i))
-                    values.append(row[metric])
-            if not values:
-                plt.close(fig)
-                continue
-            ax.bar(range(len(values)), values)
-            ax.set_xticks(range(len(values)))
-            ax.set_xticklabels(labels, rotation=30, ha="right")
-        ax.set_ylabel(metric)
-        ax.set_title(f"{path.stem}: {metric}")
-        ax.grid(alpha=0.3)
-        if size_key is not None and method_key:
-            ax.legend()
-        fig.tight_layout()
-        png = out_dir / f"{path.stem}__{_slug(metric)}.png"
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
-        pngs.append(str(png))
-    return pngs, None if pngs else "nothing numeric to draw"
+        return None, f"unreadable: {err}"
+    plotter = PLOTTERS.get(path.stem, plot_generic)
+    try:
+        fig = plotter(data)
+    except (KeyError, TypeError, IndexError, SchemaError) as err:
+        if plotter is plot_generic:
+            return None, str(err)
+        # A known benchmark whose format changed: still draw what can be drawn.
+        try:
+            fig = plot_generic(data)
+        except SchemaError:
+            return None, f"unexpected format for {path.stem} ({type(err).__name__}: {err})"
+    command = data.get("command") if isinstance(data, dict) else None
+    if command:
+        fig.text(0.01, 0.01, command, fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95 if fig._suptitle is not None else 1))
+    png = out_dir / f"{path.stem}.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png, None
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
-
-
-def main(results_dir: str = "benchmarks/results", out_dir: Optional[str] = None) -> Dict[str, Any]:
-    results = Path(results_dir)
+def main(results_dir: Optional[str] = None, out_dir: Optional[str] = None) -> Dict[str, Any]:
+    results = Path(results_dir) if results_dir else HERE / "results"
     out = Path(out_dir) if out_dir else results
     out.mkdir(parents=True, exist_ok=True)
     report: Dict[str, Any] = {"plots": {}, "skipped": {}}
     for path in sorted(results.glob("*.json")):
         if path.name in SKIP_FILES:
             continue
-        pngs, reason = plot_file(path, out)
-        if pngs:
-            report["plots"][path.name] = pngs
-            print(f"{path.name}: {len(pngs)} chart(s)")
+        png, reason = plot_file(path, out)
+        if png is not None:
+            report["plots"][path.name] = str(png)
+            print(f"{path.name} -> {png}")
         else:
             report["skipped"][path.name] = reason
             print(f"{path.name}: skipped ({reason})")
-    (out / "plots.json").write_text(json.dumps(report, indent=2), encoding="utf8")
+    (out / "plots.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf8")
     return report
 
 

@@ -6,7 +6,9 @@ runs in a fresh subprocess; memory is the process's resident set (VmRSS / VmHWM 
 malloc_trim (what the listed or compact corpus keeps), "peak" the high-water mark.
 Prints JSON and writes benchmarks/results/reader_memory.json.
 
-    python benchmarks/reader_memory.py [--quick] [--tokens N] [--data-dir DIR]
+    python benchmarks/reader_memory.py [--quick] [--tokens N] [--repeats R] [--data-dir DIR]
+
+Every mode runs R times (default 3), round-robin, and each figure is the median.
 
 The corpus (generated NER docs, `spacy_lean.synthetic`, in shards of ~2,000 docs) is
 written once to --data-dir and reused.
@@ -15,6 +17,7 @@ written once to --data-dir and reused.
 import argparse
 import gc
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -126,10 +129,21 @@ def worker(mode: str, path: Path) -> dict:
     return out
 
 
+def _median_run(runs: list) -> dict:
+    """Each numeric figure's median over the runs of one mode."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["runs"] = len(runs)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small corpus (~200k tokens)")
     parser.add_argument("--tokens", type=int, default=None, help="corpus size (default 2M)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per mode (median)")
     parser.add_argument("--data-dir", default="/tmp/spacy_lean_bench", help="corpus cache")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -141,22 +155,27 @@ def main() -> None:
         print(json.dumps(worker(args.worker, Path(args.path))))
         return
     n_tokens = args.tokens or (200_000 if args.quick else 2_000_000)
+    repeats = args.repeats or (2 if args.quick else 3)
     path = make_corpus(Path(args.data_dir), n_tokens)
-    results = {}
-    for mode in MODES:
-        proc = subprocess.run(
-            [sys.executable, __file__, "--worker", mode, "--path", str(path)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(json.dumps(results[mode]), file=sys.stderr)
+    runs: dict = {mode: [] for mode in MODES}
+    for _ in range(repeats):  # round-robin, so machine load hits every mode alike
+        for mode in MODES:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--worker", mode, "--path", str(path)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(json.dumps(runs[mode][-1]), file=sys.stderr)
+    results = {mode: _median_run(runs[mode]) for mode in MODES}
     base = results["spacy_listed"]
     summary = {
         "command": "python benchmarks/reader_memory.py"
         + (" --quick" if args.quick else "")
-        + (f" --tokens {args.tokens}" if args.tokens else ""),
+        + (f" --tokens {args.tokens}" if args.tokens else "")
+        + (f" --repeats {args.repeats}" if args.repeats else ""),
+        "repeats": repeats,
         "corpus_tokens": base["tokens"],
         "corpus_docs": base["docs"],
         "results": results,

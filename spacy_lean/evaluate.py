@@ -22,7 +22,7 @@ import srsly
 from spacy.errors import Errors
 from spacy.language import Language
 from spacy.scorer import Scorer
-from spacy.tokens import Doc, DocBin
+from spacy.tokens import Doc
 from spacy.training import Corpus, Example, validate_examples
 from spacy.util import registry
 
@@ -157,9 +157,10 @@ def make_score_state(
 class StreamingEvaluator:
     """Evaluates a pipeline over a stream of examples in bounded memory.
 
-    It reads a window of examples, sorts it by length, pipes it in batches, updates
-    the score state with the window in the original order (so per-type dicts are
-    ordered as `Language.evaluate` orders them), and drops the docs. A batch that
+    It reads a window of examples, sorts it by length, pipes it in batches (at most
+    `batch_size` docs, and no more padded tokens than an average batch), updates the
+    score state with the window in the original order (so per-type dicts are ordered
+    as `Language.evaluate` orders them), and drops the docs. A batch that
     runs out of GPU memory is halved and retried; later batches keep the smaller size.
     """
 
@@ -255,18 +256,35 @@ class StreamingEvaluator:
         return self.state
 
     def _evaluate_window(self, window: List[Example]) -> None:
+        lengths = [len(eg.predicted) for eg in window]
         if self.sort_window:
-            order = sorted(range(len(window)), key=lambda i: len(window[i].predicted))
+            order = sorted(range(len(window)), key=lengths.__getitem__)
         else:
             order = list(range(len(window)))
+        mean_length = sum(lengths) / len(lengths)
         scored: List[Optional[Example]] = [None] * len(window)
         pos = 0
         while pos < len(order):
-            indices = order[pos : pos + self.batch_size]
+            end = self._batch_end(order, pos, lengths, mean_length)
+            indices = order[pos:end]
             for i, eg in zip(indices, self._pipe_batch([window[i] for i in indices])):
                 scored[i] = eg
-            pos += len(indices)
+            pos = end
         self.state.update(scored)
+
+    def _batch_end(self, order: List[int], pos: int, lengths: List[int], mean_length: float) -> int:
+        """End of the batch starting at `pos`: at most `batch_size` docs and, when the
+        window is sorted, at most the padded size of an average batch (`batch_size` x
+        the window's mean length), so sorting never gathers the longest docs into one
+        oversized batch (one doc longer than that is a batch of its own)."""
+        end = min(pos + self.batch_size, len(order))
+        if not self.sort_window:
+            return end
+        budget = self.batch_size * mean_length
+        for j in range(pos + 1, end):
+            if (j - pos + 1) * lengths[order[j]] > budget:
+                return j
+        return end
 
     def _pipe_batch(self, batch: List[Example]) -> List[Example]:
         """Pipe copies of one batch's predicted docs; on OOM, halve and retry."""

@@ -435,3 +435,132 @@ def test_empty_cache_every_frees_cuda_cache(trf_ner_dir, texts):
         from thinc.api import require_cpu
 
         require_cpu()
+
+
+# -- spacy-curated-transformers (its DocTransformerOutput) -------------------
+
+CURATED_CONFIG = """
+[nlp]
+lang = "en"
+pipeline = ["transformer","ner"]
+batch_size = 8
+
+[components]
+
+[components.ner]
+factory = "ner"
+
+[components.ner.model]
+@architectures = "spacy.TransitionBasedParser.v2"
+state_type = "ner"
+extra_state_tokens = false
+hidden_width = 32
+maxout_pieces = 2
+use_upper = false
+nO = null
+
+[components.ner.model.tok2vec]
+@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
+width = 32
+pooling = {"@layers":"reduce_mean.v1"}
+
+[components.transformer]
+factory = "curated_transformer"
+
+[components.transformer.model]
+@architectures = "spacy-curated-transformers.BertTransformer.v1"
+vocab_size = null
+num_hidden_layers = 2
+hidden_width = 32
+num_attention_heads = 2
+intermediate_width = 64
+piece_encoder = {"@architectures":"spacy-curated-transformers.BertWordpieceEncoder.v1"}
+
+[components.transformer.model.with_spans]
+@architectures = "spacy-curated-transformers.WithStridedSpans.v1"
+stride = 48
+window = 64
+
+[initialize]
+
+[initialize.components]
+
+[initialize.components.transformer]
+
+[initialize.components.transformer.piecer_loader]
+@model_loaders = "spacy-curated-transformers.HFPieceEncoderLoader.v1"
+name = null
+"""
+
+
+@pytest.fixture(scope="module")
+def curated_nlp(tiny_transformer, blank_nlp):
+    pytest.importorskip("spacy_curated_transformers")
+    import json
+
+    from thinc.api import Config
+
+    vocab_size = json.loads((tiny_transformer / "config.json").read_text())["vocab_size"]
+    overrides = {
+        "components.transformer.model.vocab_size": vocab_size,
+        "initialize.components.transformer.piecer_loader.name": str(tiny_transformer),
+    }
+    config = Config().from_str(CURATED_CONFIG, overrides=overrides)
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    docs = synthetic.make_ner_docs(blank_nlp, 16, seed=31)
+    examples = [Example(nlp.make_doc(d.text), d) for d in docs]
+    # Initialized, not trained: spacy-curated-transformers 0.3's update fails under
+    # numpy 2 (it calls float() on a 1-element array); predictions need no training.
+    nlp.initialize(lambda: examples)
+    return nlp
+
+
+def test_curated_transformer_output(curated_nlp, texts):
+    nlp = curated_nlp
+    trf = nlp.get_pipe("transformer")
+    original = trf.set_annotations
+    refs = []
+
+    def set_annotations(docs, trf_output):
+        original(docs, trf_output)
+        for doc in docs:
+            for layer in doc._.trf_data.all_outputs:
+                base = layer.dataXd
+                while isinstance(base.base, numpy.ndarray):
+                    base = base.base
+                refs.append(weakref.ref(base))
+
+    trf.set_annotations = set_annotations
+    try:
+        sample = texts[:16]
+        kept = list(nlp.pipe(sample))
+        expected = _ents(kept)
+        assert type(kept[0]._.trf_data).__name__ == "DocTransformerOutput"
+        assert _alive(refs) > 0  # control: kept docs pin the outputs
+        # Compact vectors (keeping trf_data to compare) are the per-token means.
+        nlp.add_pipe("lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"})
+        for doc in nlp.pipe(sample[:4]):
+            layer = doc._.trf_data.last_hidden_layer_state
+            starts = numpy.concatenate([[0], numpy.cumsum(layer.lengths)[:-1]])
+            for i, (start, length) in enumerate(zip(starts, layer.lengths)):
+                rows = layer.dataXd[start:start + length]
+                want = rows.mean(axis=0) if length else numpy.zeros(rows.shape[1])
+                assert_allclose(doc.tensor[i], want, rtol=1e-5, atol=1e-6)
+        nlp.remove_pipe("lean_cleaner")
+        del kept
+        refs.clear()
+        cleaner = nlp.add_pipe("lean_cleaner")
+        docs = list(nlp.pipe(sample))
+        assert _ents(docs) == expected
+        assert all(doc._.trf_data is None for doc in docs)
+        assert cleaner.stats["trf_data"] == len(sample) and cleaner.stats["released_bytes"] > 0
+        assert refs and _alive(refs) == 0
+        # Placement before the curated listener is an error too.
+        nlp.remove_pipe("lean_cleaner")
+        nlp.add_pipe("lean_cleaner", before="ner")
+        with pytest.raises(ValueError, match="'ner' runs after it and reads doc._.trf_data"):
+            nlp(sample[0])
+    finally:
+        trf.set_annotations = original
+        if "lean_cleaner" in nlp.component_names:
+            nlp.remove_pipe("lean_cleaner")

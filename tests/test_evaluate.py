@@ -1,7 +1,6 @@
 """The streaming evaluation loop: parity with `nlp.evaluate`, bounded memory,
 out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
 import gc
-import random
 import tracemalloc
 import warnings
 

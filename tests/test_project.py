@@ -1,5 +1,6 @@
 """The spaCy project (project.yml, configs/, scripts/): its conventions, its scripts,
 and the `all` workflow run end to end with tiny settings in a copy of the project."""
+import importlib.util
 import json
 import os
 import re
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import srsly
+import typer
 from spacy.tokens import DocBin
 from spacy.vocab import Vocab
 from thinc.api import Config
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).parent.parent
 PROJECT = srsly.read_yaml(ROOT / "project.yml")
@@ -56,6 +59,24 @@ def _copy_project(dest: Path) -> Path:
     shutil.copytree(ROOT / "configs", dest / "configs")
     shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
+
+
+def _load_script(name: str):
+    """Import scripts/<name>.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"project_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _invoke(name: str, args):
+    """Run a script's typer command in this process: (exit code, output)."""
+    app = typer.Typer()
+    app.command()(_load_script(name).main)
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
 
 
 def _script_vars(text: str):
@@ -107,11 +128,7 @@ def test_workflows_name_commands():
 def test_real_data_assets_are_optional_and_pinned():
     assets = PROJECT["assets"]
     assert {Path(a["dest"]).parent.name for a in assets} == {"conll2003", "wnut17"}
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_corpus
-    finally:
-        sys.path.pop(0)
+    make_corpus = _load_script("make_corpus")
     for asset in assets:
         assert asset["extra"] is True, "the offline workflow must never need a download"
         assert re.search(r"/[0-9a-f]{40}/", asset["url"]), "URLs are pinned to a commit"
@@ -170,10 +187,10 @@ def test_lean_config_uses_lean_parts():
 
 
 def test_make_corpus_generated(tmp_path):
-    code, out = _run(
-        [str(ROOT / "scripts/make_corpus.py"), "generated", str(tmp_path),
-         "--n-train", "30", "--n-dev", "5", "--n-test", "6", "--long-doc-rate", "0.2"],
-        cwd=tmp_path,
+    code, out = _invoke(
+        "make_corpus",
+        ["generated", tmp_path, "--n-train", "30", "--n-dev", "5", "--n-test", "6",
+         "--long-doc-rate", "0.2"],
     )
     assert code == 0, out
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -213,7 +230,7 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     for name in ("train.txt", "valid.txt", "test.txt"):
         (data / name).write_text(CONLL, encoding="utf8")
     out_dir = tmp_path / "corpus"
-    code, out = _run([str(ROOT / "scripts/make_corpus.py"), str(data), str(out_dir)], cwd=tmp_path)
+    code, out = _invoke("make_corpus", [data, out_dir])
     assert code == 0, out
     docs = list(DocBin().from_disk(out_dir / "dev.spacy").get_docs(Vocab()))
     # -DOCSTART- lines written with 4 columns are document boundaries, not tokens.
@@ -223,22 +240,24 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
-def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path):
-    code, out = _run([str(ROOT / "scripts/make_corpus.py"), "wnut17", "corpus"], cwd=tmp_path)
+def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out = _invoke("make_corpus", ["wnut17", "corpus"])
     assert code == 1
     assert "assets/wnut17/wnut17train.conll" in out
     assert "spacy project assets --extra" in out
-    code, out = _run([str(ROOT / "scripts/make_corpus.py"), "no_such_dir", "corpus"], cwd=tmp_path)
+    code, out = _invoke("make_corpus", ["no_such_dir", "corpus"])
     assert code == 1 and "Unknown dataset 'no_such_dir'" in out
 
 
-def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer):
-    script = str(ROOT / "scripts/make_transformer.py")
-    corpus = str(ner_corpus["train"])
+def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    corpus = ner_corpus["train"]
     # Under assets/: made here, with a vocabulary trained on the corpus.
-    code, out = _run(
-        [script, "assets/bert", corpus, "card.json", "--vocab-size", "150", "--hidden-size", "16"],
-        cwd=tmp_path,
+    code, out = _invoke(
+        "make_transformer",
+        ["assets/bert", corpus, "card.json", "--vocab-size", "150", "--hidden-size", "16"],
     )
     assert code == 0, out
     card = json.loads((tmp_path / "card.json").read_text())
@@ -249,24 +268,24 @@ def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "assets/bert")
     assert "[UNK]" not in tokenizer.tokenize("Ada Lindqvist visited Veldmark")
     # An existing folder not made here is used as it is.
-    code, out = _run([script, str(tiny_transformer), corpus, "card.json"], cwd=tmp_path)
+    code, out = _invoke("make_transformer", [tiny_transformer, corpus, "card.json"])
     assert code == 0, out
     assert json.loads((tmp_path / "card.json").read_text())["source"] == "local"
     # Anything else is a Hub name, left to spacy-transformers.
-    code, out = _run([script, "roberta-base", corpus, "card.json"], cwd=tmp_path)
+    code, out = _invoke("make_transformer", ["roberta-base", corpus, "card.json"])
     assert code == 0, out
     assert json.loads((tmp_path / "card.json").read_text()) == {"name": "roberta-base", "source": "hub"}
     assert "HF_HUB_OFFLINE" in out
     assert not (tmp_path / "roberta-base").exists()
 
 
-def test_compare_metrics(tmp_path):
-    script = str(ROOT / "scripts/compare_metrics.py")
+def test_compare_metrics(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     a = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 100.0}
     b = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 300.0, "extra": 1}
     srsly.write_json(tmp_path / "a.json", a)
     srsly.write_json(tmp_path / "b.json", b)
-    code, out = _run([script, "a.json", "b.json", "s.json"], cwd=tmp_path)
+    code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
     assert code == 0, out
     summary = srsly.read_json(tmp_path / "s.json")
     assert summary["agree"] and summary["compared"] == 2
@@ -274,7 +293,7 @@ def test_compare_metrics(tmp_path):
     assert summary["only_in_lean_evaluate"] == ["extra"]
     b["ents_per_type"]["ORG"]["p"] = 0.9
     srsly.write_json(tmp_path / "b.json", b)
-    code, out = _run([script, "a.json", "b.json", "s.json"], cwd=tmp_path)
+    code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
     assert code == 1 and "ents_per_type.ORG.p" in out
 
 
@@ -291,16 +310,102 @@ def test_all_workflow_runs_offline_end_to_end(tmp_path):
     shards = sorted((project / "corpus/shards/train").glob("*.spacy"))
     assert len(shards) == 4  # 40 docs, 10 per shard
     assert (project / "training/ner_trf/model-best/config.cfg").exists()
-    metrics = project / "metrics/ner_trf"
-    for name in ("spacy_evaluate.json", "lean_evaluate.json"):
+    metrics = project / "metrics"
+    for name in ("ner_trf_spacy_evaluate.json", "ner_trf_lean_evaluate.json"):
         scores = json.loads((metrics / name).read_text())
         for key in SCORE_KEYS:
             assert key in scores, f"{name} has no '{key}'"
         assert 0.0 <= scores["ents_f"] <= 1.0
-    summary = json.loads((metrics / "summary.json").read_text())
+    summary = json.loads((metrics / "ner_trf_summary.json").read_text())
     assert summary["agree"] is True
     assert "ents_f" in summary["scores"]
     # Nothing changed: a second run skips every step.
     code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
     assert code == 0, out[-4000:]
     assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])
+
+
+# --- benchmarks/plot.py ---------------------------------------------------------------
+
+
+def _load_plot():
+    spec = importlib.util.spec_from_file_location("bench_plot", ROOT / "benchmarks" / "plot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SAMPLE_RESULTS = {
+    "eval_memory": {
+        "command": "python benchmarks/eval_memory.py --quick",
+        "summary": {"per_size": [
+            {"size": n, "stock_peak_rss_mb": 500 + n, "streaming_peak_rss_mb": 480.0,
+             "stock_docs_per_s": 50.0, "streaming_docs_per_s": 60.0}
+            for n in (25, 100, 400)
+        ]},
+    },
+    "cleaner_memory": {"points": {
+        mode: [{"n_docs": n, "peak_rss_growth_kb": n * k} for n in (25, 100, 400)]
+        for mode, k in (("stock", 300), ("lean_cleaner", 20))
+    }},
+    "padding": {"size": 2000, "docs": {
+        "items": 100, "mean_length": 40.0, "max_length": 700,
+        "spacy_batch_by_padded_buffer256": {"batches": 30, "padding_fraction": 0.19},
+        "lean_batch_by_tokens_default": {"batches": 25, "padding_fraction": 0.01},
+        "ratio_padding_lean_vs_spacy": 0.06,
+    }},
+    "reader_memory": {"corpus_tokens": 1000, "results": {
+        "spacy_listed": {"peak_mb": 100.0, "held_bytes_per_token": 500.0, "docs_per_second": 5.0},
+        "lean_streaming": {"peak_mb": 20.0, "held_bytes_per_token": 0.0, "docs_per_second": 6.0},
+    }},
+    "charlm_loader_memory": {"text_mb": 10, "results": {
+        "lean": {"peak_rss_mb": 10.0, "rss_after_epoch_mb": 9.0, "data_seconds": 1.0},
+        "int64_tensor": {"peak_rss_mb": 160.0, "rss_after_epoch_mb": 80.0, "data_seconds": 2.0},
+    }},
+    "charlm_speed": {"results": [
+        {"device": "cpu", "hidden_size": h, "threads": 1, "sides": {
+            "flair": {"tokens_per_s_median": 1000.0, "peak_rss_increase_mb_median": 90.0},
+            "ours": {"tokens_per_s_median": 3000.0, "peak_rss_increase_mb_median": 30.0},
+        }} for h in (256, 1024)
+    ]},
+    # Not a known benchmark: drawn from its named groups of measurements.
+    "someone_elses": {"settings": [{"whole": {"spacy_s": 2.0, "lean_s": 1.0},
+                                    "parts": {"spacy_s": 1.0, "lean_s": 0.5}}]},
+    # Nothing to draw.
+    "notes": {"text": "no numbers here", "n": 3},
+}
+
+
+def test_plot_draws_every_known_benchmark_and_skips_what_it_cannot(tmp_path):
+    plot = _load_plot()
+    for name, data in SAMPLE_RESULTS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    (tmp_path / "broken.json").write_text("{not json")
+    report = plot.main(str(tmp_path), str(tmp_path / "png"))
+    drawn = {name for name in SAMPLE_RESULTS if name not in ("notes",)}
+    assert set(report["plots"]) == {f"{name}.json" for name in drawn}
+    assert set(report["skipped"]) == {"notes.json", "broken.json"}
+    for png in report["plots"].values():
+        assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "png" / "plots.json").read_text()) == report
+
+
+def test_plot_falls_back_when_a_known_benchmark_changes_format(tmp_path):
+    plot = _load_plot()
+    changed = {"results": {"a": {"peak_mb": 1.0}, "b": {"peak_mb": 2.0}}}
+    (tmp_path / "eval_memory.json").write_text(json.dumps(changed))
+    report = plot.main(str(tmp_path), str(tmp_path))
+    assert list(report["plots"]) == ["eval_memory.json"]
+
+
+def test_plot_draws_the_recorded_results(tmp_path):
+    """Every results file the benchmarks have written in this repository is drawn."""
+    recorded = [p for p in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+                if p.name != "plots.json"]
+    if not recorded:
+        pytest.skip("no recorded benchmark results")
+    for path in recorded:
+        shutil.copy(path, tmp_path / path.name)
+    report = _load_plot().main(str(tmp_path), str(tmp_path))
+    assert report["skipped"] == {}
+    assert len(report["plots"]) == len(recorded)

@@ -222,6 +222,7 @@ def test_json_round_trip_mid_stream(scoring_nlp, processed, expected_scores, dat
     restored = PipelineScoreState.from_dict(srsly.json_loads(text), scoring_nlp)
     assert restored.to_dict() == first.to_dict()
     assert restored.seconds == first.seconds  # exact, not 10 digits
+    assert restored.n_examples == cut
     restored.update(processed[cut:])
     assert_scores_equal(expected_scores[False], without_speed(restored.result()))
 
@@ -288,10 +289,29 @@ def test_from_dict_refuses_another_pipeline(scoring_nlp, processed):
         PipelineScoreState.from_dict({"format": 99}, scoring_nlp)
 
 
-def test_fingerprint_is_stable_across_loads(scoring_nlp, tmp_path):
+def test_fingerprint_is_stable_across_loads_and_sees_weights(scoring_nlp, processed, tmp_path):
     scoring_nlp.to_disk(tmp_path / "model")
     loaded = spacy.load(tmp_path / "model")
     assert make_pipeline_state(loaded).fingerprint == make_pipeline_state(scoring_nlp).fingerprint
+    # The same pipeline with other weights (e.g. trained further) is another model.
+    data = make_pipeline_state(scoring_nlp).to_dict()
+    tagger_model = loaded.get_pipe("tagger").model
+    node = next(n for n in tagger_model.walk() if n.has_param("W"))
+    node.set_param("W", node.get_param("W") + 1.0)
+    with pytest.raises(ValueError, match="another pipeline"):
+        PipelineScoreState.from_dict(data, loaded)
+
+
+def test_fingerprint_sees_transformer_weights(trf_ner_dir):
+    first, second = spacy.load(trf_ner_dir), spacy.load(trf_ner_dir)
+    assert make_pipeline_state(first).fingerprint == make_pipeline_state(second).fingerprint
+    trf_model = second.get_pipe("transformer").model
+    shim = next(s for n in trf_model.walk() for s in n.shims)
+    import torch
+
+    with torch.no_grad():
+        next(shim._model.parameters()).add_(1.0)
+    assert make_pipeline_state(first).fingerprint != make_pipeline_state(second).fingerprint
 
 
 def test_transformer_pipeline_parity_without_fallbacks(trf_ner_nlp, dev_examples):
@@ -326,8 +346,12 @@ def rule_nlp_examples():
     ruler.add([[{"TEXT": "."}]], {"TAG": ".", "POS": "PUNCT", "MORPH": "PunctType=Peri"})
     ent_ruler = nlp.add_pipe("entity_ruler")
     ent_ruler.add_patterns(
-        [{"label": "PERSON", "pattern": "Ada Lindqvist"}, {"label": "ORG", "pattern": "Quillon Labs"},
-         {"label": "LOC", "pattern": "Veldmark"}, {"label": "PERSON", "pattern": "Veldmark"}]
+        [
+            {"label": "PERSON", "pattern": "Ada Lindqvist"},
+            {"label": "ORG", "pattern": "Quillon Labs"},
+            {"label": "LOC", "pattern": "Veldmark"},
+            {"label": "PERSON", "pattern": "Veldmark"},
+        ]
     )
     span_ruler = nlp.add_pipe("span_ruler")
     span_ruler.add_patterns(
@@ -342,7 +366,8 @@ def rule_nlp_examples():
     train = [Example(nlp.make_doc(d.text), d) for d in docs[:12]]
     finder.initialize(lambda: train, nlp=nlp)
     examples = [Example(nlp.make_doc(d.text), d) for d in docs[12:]]
-    processed = [Example(p, eg.reference) for p, eg in zip(nlp.pipe(eg.predicted for eg in examples), examples)]
+    docs = nlp.pipe(eg.predicted for eg in examples)
+    processed = [Example(doc, eg.reference) for doc, eg in zip(docs, examples)]
     return nlp, processed
 
 

@@ -8,7 +8,7 @@ import srsly
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.scorer import Scorer
-from spacy.tokens import Doc
+from spacy.tokens import Doc, Span
 from spacy.training import Example
 
 from spacy_lean.scoring import (
@@ -116,10 +116,11 @@ def test_auc_counts_hand_computed(nlp):
     assert len(state.auc_per_type["A"].counts) == 3  # one entry per distinct score
 
 
+_BLANK = spacy.blank("en")
 _SCORES = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.5000000001, 0.75, 0.9, 1.0])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     rows=st.lists(
         st.tuples(
@@ -135,7 +136,7 @@ _SCORES = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.5000000001, 0.75, 0.9, 1.0])
     cut=st.integers(min_value=0, max_value=25),
 )
 def test_cats_state_equals_score_cats(rows, multi_label, threshold, positive, cut):
-    nlp = spacy.blank("en")
+    nlp = _BLANK
     labels = ["AA", "BB", "CC"] if multi_label or not positive else ["AA", "BB"]
     examples = []
     for scores, golds in rows:
@@ -323,3 +324,186 @@ def test_tokenization_codes_split_into_chunks(nlp, monkeypatch):
     chunked.update(examples)
     assert chunked.to_dict() == whole.to_dict()
     assert_scores_equal(Scorer.score_tokenization(examples), chunked.result())
+
+
+_DEPS = ["nsubj", "dobj", "det", "punct", "ROOT", "Compound"]
+_TAGS = ["NN", "VB", "DT", ""]
+_MORPHS = ["Number=Sing", "Number=Plur|Person=3", "Tense=Past|VerbForm=Fin", "", "_"]
+
+
+@st.composite
+def _token_examples(draw, allow_missing_deps_in_last=True):
+    """Examples with random tokenization differences, tags, morphs and parses;
+    missing dependency labels only in the last doc (where spaCy is right)."""
+    n_docs = draw(st.integers(min_value=1, max_value=4))
+    examples = []
+    for k in range(n_docs):
+        n = draw(st.integers(min_value=1, max_value=8))
+        words = [draw(st.sampled_from(["ab", "c", "de", "f", "ghi", "."])) for _ in range(n)]
+        spaces = [draw(st.booleans()) for _ in range(n - 1)] + [False]
+        last = k == n_docs - 1 and allow_missing_deps_in_last
+
+        def annotate(n_tok, missing_ok):
+            heads = [0] + [draw(st.integers(min_value=0, max_value=i)) for i in range(1, n_tok)]
+            labels = _DEPS + ([""] if missing_ok else [])
+            deps = [draw(st.sampled_from(labels)) for _ in range(n_tok)]
+            tags = [draw(st.sampled_from(_TAGS)) for _ in range(n_tok)]
+            morphs = [draw(st.sampled_from(_MORPHS)) for _ in range(n_tok)]
+            return heads, deps, tags, morphs
+
+        heads, deps, tags, morphs = annotate(n, last)
+        gold = Doc(_BLANK.vocab, words=words, spaces=spaces, heads=heads, deps=deps,
+                   tags=tags, morphs=morphs)
+        # Predicted tokenization: split some words, merge some unspaced neighbours.
+        p_words, p_spaces = [], []
+        i = 0
+        while i < n:
+            w, sp = words[i], spaces[i]
+            if not sp and i + 1 < n and draw(st.booleans()):
+                w, sp = w + words[i + 1], spaces[i + 1]
+                i += 1
+            if len(w) >= 2 and draw(st.integers(0, 3)) == 0:
+                p_words += [w[:1], w[1:]]
+                p_spaces += [False, sp]
+            else:
+                p_words.append(w)
+                p_spaces.append(sp)
+            i += 1
+        heads, deps, tags, morphs = annotate(len(p_words), False)
+        pred = Doc(_BLANK.vocab, words=p_words, spaces=p_spaces, heads=heads, deps=deps,
+                   tags=tags, morphs=morphs)
+        examples.append(Example(pred, gold))
+    return examples
+
+
+@settings(max_examples=120, deadline=None)
+@given(examples=_token_examples(), cut=st.integers(min_value=0, max_value=4))
+def test_token_level_states_equal_spacy_on_misaligned_docs(examples, cut):
+    from spacy_lean.scoring import TokenAttrPerFeatState
+    from spacy_lean.scoring.tokens import morph_key_getter
+
+    def twins():
+        return [
+            (TokenizationState(), lambda egs: Scorer.score_tokenization(egs)),
+            (TokenAttrState("tag"), lambda egs: Scorer.score_token_attr(egs, "tag")),
+            (
+                TokenAttrState("morph", getter=morph_key_getter),
+                lambda egs: Scorer.score_token_attr(egs, "morph", getter=morph_key_getter),
+            ),
+            (
+                TokenAttrPerFeatState("morph", getter=morph_key_getter),
+                lambda egs: Scorer.score_token_attr_per_feat(
+                    egs, "morph", getter=morph_key_getter
+                ),
+            ),
+            (
+                DepsState("dep", getter=lower_dep_getter, ignore_labels=("punct",)),
+                lambda egs: Scorer.score_deps(
+                    egs, "dep", getter=lower_dep_getter, ignore_labels=("punct",)
+                ),
+            ),
+            (DepsState("dep"), lambda egs: Scorer.score_deps(egs, "dep")),
+        ]
+
+    for (first, spacy_score), (second, _) in zip(twins(), twins()):
+        first.update(examples[:cut])
+        second.update(examples[cut:])
+        merged = first.merge(type(second).from_dict(second.to_dict(), **_cfg_of(second)))
+        assert_scores_equal(spacy_score(examples), merged.result())
+
+
+def _cfg_of(state):
+    cfg = {k: getattr(state, k) for k in ("attr", "getter", "ignore_labels") if hasattr(state, k)}
+    if isinstance(state, TokenizationState):
+        return {}
+    return cfg
+
+
+def _random_spans(draw, n, max_spans, overlap):
+    spans, taken = [], set()
+    for _ in range(draw(st.integers(min_value=0, max_value=max_spans))):
+        start = draw(st.integers(min_value=0, max_value=n - 1))
+        end = draw(st.integers(min_value=start + 1, max_value=min(n, start + 3)))
+        if not overlap and taken & set(range(start, end)):
+            continue
+        taken |= set(range(start, end))
+        spans.append((start, end, draw(st.sampled_from(["AA", "BB", "CC"]))))
+    return spans
+
+
+@st.composite
+def _span_examples(draw):
+    """Examples with random (mis)tokenization, entities with KB ids and missing
+    entity annotation, and span groups that may be absent."""
+    examples = []
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        n = draw(st.integers(min_value=1, max_value=8))
+        words = [draw(st.sampled_from(["ab", "c", "de", "f"])) for _ in range(n)]
+        spaces = [draw(st.booleans()) for _ in range(n - 1)] + [False]
+        gold = Doc(_BLANK.vocab, words=words, spaces=spaces)
+        p_words, p_spaces, i = [], [], 0
+        while i < n:
+            w, sp = words[i], spaces[i]
+            if len(w) >= 2 and draw(st.integers(0, 3)) == 0:
+                p_words += [w[:1], w[1:]]
+                p_spaces += [False, sp]
+            else:
+                p_words.append(w)
+                p_spaces.append(sp)
+            i += 1
+        pred = Doc(_BLANK.vocab, words=p_words, spaces=p_spaces)
+        for doc in (gold, pred):
+            ents = [
+                Span(doc, s, e, label=lab, kb_id=draw(st.sampled_from(["Q1", "Q2", "NIL", ""])))
+                for s, e, lab in _random_spans(draw, len(doc), 3, overlap=False)
+            ]
+            missing = []
+            if doc is gold and draw(st.booleans()):
+                free = [i for i in range(len(doc)) if not any(e.start <= i < e.end for e in ents)]
+                missing = [doc[i : i + 1] for i in free[:1]]
+            if doc is pred or draw(st.integers(0, 5)) > 0:
+                doc.set_ents(ents, missing=missing, default="outside")
+            if draw(st.integers(0, 4)) > 0:
+                doc.spans["sc"] = [
+                    Span(doc, s, e, label=lab)
+                    for s, e, lab in _random_spans(draw, len(doc), 4, overlap=True)
+                ]
+        examples.append(Example(pred, gold))
+    return examples
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    examples=_span_examples(),
+    cut=st.integers(min_value=0, max_value=4),
+    labeled=st.booleans(),
+    allow_overlap=st.booleans(),
+)
+def test_span_states_equal_spacy(examples, cut, labeled, allow_overlap):
+    from spacy_lean.scoring import LinksState, NERState, SpansState
+    from spacy_lean.scoring.twins import _HasSpanGroup, _SpanGroupGetter
+    from spacy.scorer import get_ner_prf
+
+    span_cfg = dict(
+        getter=_SpanGroupGetter(),
+        has_annotation=_HasSpanGroup("sc"),
+        labeled=labeled,
+        allow_overlap=allow_overlap,
+    )
+    cases = [
+        (lambda: NERState(), get_ner_prf),
+        (
+            lambda: SpansState("spans_sc", **span_cfg),
+            lambda egs: Scorer.score_spans(egs, "spans_sc", **span_cfg),
+        ),
+        (
+            lambda: LinksState(negative_labels=["NIL"]),
+            lambda egs: Scorer.score_links(egs, negative_labels=["NIL"]),
+        ),
+    ]
+    for make, spacy_score in cases:
+        first, second = make(), make()
+        first.update(examples[:cut])
+        second.update(examples[cut:])
+        first.merge(make().load_dict(srsly.json_loads(srsly.json_dumps(second.to_dict()))))
+        assert_scores_equal(spacy_score(examples), first.result())

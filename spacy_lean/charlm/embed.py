@@ -146,15 +146,27 @@ class CharLMEmbedder:
             tokens in order, and the number of tokens of each item.
         """
         layout = _layout(items, self.tokenized_lm)
+        total = int(layout.n_tokens.sum())
+        param = next(self.lms[0].parameters())
+        widths = [lm.output_size for lm in self.lms]
         with self._thread_limit(), torch.set_grad_enabled(grad):
-            if self.concurrent and len(self.lms) == 2 and len(layout.texts):
-                parts: List[Optional[torch.Tensor]] = [None, None]
+            if grad:
+                # Autograd: one tensor per LM, concatenated at the end.
+                outs = [param.new_empty((total, w)) for w in widths]
+                vectors = None
+            else:
+                # No autograd: each LM writes its rows straight into its columns of
+                # the result, so the vectors exist once.
+                vectors = param.new_empty((total, sum(widths)))
+                offsets = numpy.cumsum([0] + widths)
+                outs = [vectors[:, offsets[k]:offsets[k + 1]] for k in range(len(widths))]
+            if self.concurrent and len(self.lms) == 2 and total:
                 errors: List[BaseException] = []
 
                 def run(k: int) -> None:
                     try:
                         with torch.set_grad_enabled(grad):
-                            parts[k] = self._embed_one(self.lms[k], layout)
+                            outs[k] = self._embed_one(self.lms[k], layout, outs[k])
                     except BaseException as err:  # pragma: no cover - re-raised below
                         errors.append(err)
 
@@ -165,8 +177,9 @@ class CharLMEmbedder:
                 if errors:
                     raise errors[0]
             else:
-                parts = [self._embed_one(lm, layout) for lm in self.lms]
-            vectors = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+                outs = [self._embed_one(lm, layout, out) for lm, out in zip(self.lms, outs)]
+            if vectors is None:
+                vectors = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return vectors, layout.n_tokens
 
     def split(self, items: Sequence[WordsInput], grad: bool = False) -> List[torch.Tensor]:
@@ -188,13 +201,11 @@ class CharLMEmbedder:
         finally:
             torch.set_num_threads(before)
 
-    def _embed_one(self, lm: CharLM, layout: _Texts) -> torch.Tensor:
-        device = next(lm.parameters()).device
+    def _embed_one(self, lm: CharLM, layout: _Texts, out: torch.Tensor) -> torch.Tensor:
+        """Write the rows of `lm` for all tokens into `out` ([n_tokens, output_size])."""
+        device = out.device
         n_texts = len(layout.texts)
-        total = int(layout.n_tokens.sum())
-        out = torch.empty((total, lm.output_size), device=device,
-                          dtype=next(lm.parameters()).dtype)
-        if total == 0:
+        if out.shape[0] == 0:
             return out
         delim = lm.document_delimiter
         m = len(delim)

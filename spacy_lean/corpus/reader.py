@@ -1,6 +1,5 @@
 """`spacy-lean.Corpus.v1`: a streaming, resumable, rank-aware corpus reader."""
 
-import gc
 import logging
 import warnings
 from dataclasses import dataclass
@@ -364,7 +363,6 @@ class LeanCorpus:
         self._compact_chunks = chunks
         self._compact_stats = stats
         self._report(stats)
-        gc.collect()
         _release_free_memory()
 
     def _restore_buffer(

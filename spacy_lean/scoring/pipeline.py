@@ -162,6 +162,41 @@ def _scorer_name(nlp: Language, name: str) -> Optional[str]:
     return None
 
 
+def weights_digest(component: Any, n_values: int = 8) -> Optional[str]:
+    """A cheap digest of a component's weights: shapes and a few values of every
+    thinc parameter and of the first tensors of wrapped PyTorch models. Two
+    differently trained copies of the same pipeline differ here.
+
+    RETURNS (Optional[str]): A hex digest, or None if the component has no model.
+    """
+    model = getattr(component, "model", None)
+    if model is None or not hasattr(model, "walk"):
+        return None
+    digest = hashlib.sha256()
+    for node in model.walk():
+        for name in node.param_names:
+            if not node.has_param(name):
+                continue
+            param = node.get_param(name)
+            flat = param.reshape((-1,))
+            digest.update(f"{node.name}.{name}{tuple(param.shape)}".encode("utf8"))
+            for part in (flat[:n_values], flat[-n_values:]):
+                digest.update(numpy.ascontiguousarray(node.ops.to_numpy(part)).tobytes())
+        for shim in getattr(node, "shims", []):
+            torch_model = getattr(shim, "_model", None)
+            params = getattr(torch_model, "parameters", None)
+            if params is None:
+                continue
+            for i, tensor in enumerate(params()):
+                if i >= 4:
+                    break
+                flat = tensor.detach().reshape(-1)
+                digest.update(str(tuple(tensor.shape)).encode("utf8"))
+                for part in (flat[:n_values], flat[-n_values:]):
+                    digest.update(part.float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _replace_numpy_floats(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _replace_numpy_floats(v) for k, v in value.items()}
@@ -172,7 +207,8 @@ def _replace_numpy_floats(value: Any) -> Any:
 
 class PipelineScoreState:
     """Mergeable score state of a pipeline: counts for every scoring component
-    (and the tokenizer), plus words and seconds for `speed`.
+    (and the tokenizer), plus words and seconds for `speed` and the number of
+    examples counted (`n_examples`).
 
     nlp (Language): The pipeline whose scorers are mirrored.
     scorer_cfg (Optional[Dict[str, Any]]): As `nlp.evaluate(scorer_cfg=...)`.
@@ -192,6 +228,7 @@ class PipelineScoreState:
         score_nlp = scorer_cfg.get("nlp") or nlp
         cfg = {k: v for k, v in scorer_cfg.items() if k not in _SCORER_INIT_KEYS}
         self.per_component = bool(per_component)
+        self.n_examples = 0
         self.n_words = 0
         self.seconds = 0.0
         self.states: List[Tuple[str, ScoreState]] = []
@@ -215,7 +252,8 @@ class PipelineScoreState:
             state, how, kwargs = self._component_state(score_nlp, name, component, cfg, warn)
             self.states.append((name, state))
             factory = score_nlp.get_pipe_meta(name).factory
-            description.append([name, factory, how, describe_value(kwargs)])
+            weights = weights_digest(component)
+            description.append([name, factory, how, describe_value(kwargs), weights])
         self.fingerprint = hashlib.sha256(
             srsly.json_dumps(description, sort_keys=False).encode("utf8")
         ).hexdigest()[:16]
@@ -264,6 +302,7 @@ class PipelineScoreState:
         examples = examples if isinstance(examples, list) else list(examples)
         for _, state in self.states:
             state.update(examples)
+        self.n_examples += len(examples)
 
     def add_speed(self, n_words: int, seconds: float) -> None:
         """Add the number of words processed and the seconds it took."""
@@ -291,6 +330,7 @@ class PipelineScoreState:
             )
         for (_, mine), (_, theirs) in zip(self.states, other.states):
             mine.merge(theirs)
+        self.n_examples += other.n_examples
         self.n_words += other.n_words
         self.seconds += other.seconds
         return self
@@ -313,6 +353,7 @@ class PipelineScoreState:
             "format": STATE_FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "per_component": self.per_component,
+            "n_examples": self.n_examples,
             "n_words": self.n_words,
             "seconds": float_to_json(self.seconds),
             "components": [[name, state.to_dict()] for name, state in self.states],
@@ -358,6 +399,7 @@ class PipelineScoreState:
             )
         for (name, comp_state), (saved_name, saved) in zip(state.states, data["components"]):
             comp_state.load_dict(saved)
+        state.n_examples = int(data.get("n_examples", 0))
         state.n_words = int(data["n_words"])
         state.seconds = float_from_json(data["seconds"])
         return state
