@@ -21,7 +21,7 @@ Sides:
   `predict` does;
 - `ours`: one `CharLMEmbedder` call over all spaCy Docs (sorted by character length
   inside, LM batches of 32); with 2 threads the two LMs run side by side, one
-  thread each;
+  thread each; with 1 thread, one after the other;
 - `ours-sequential` (2-thread configurations): the LMs one after the other, each
   with 2 intra-op threads.
 Flair keeps its vectors with storage mode 'cpu' (on the tokens); ours keeps the
@@ -137,7 +137,9 @@ def child(args) -> None:
         lms = [CharLM.load(p, map_location=device, has_decoder=False) for p in (fw, bw)]
         embedder = CharLMEmbedder(
             *lms, batch_size=args.batch_size, threads=args.threads,
-            concurrent=args.side == "ours",
+            # Side by side only when there are 2 threads to share: never more cores
+            # than Flair gets.
+            concurrent=args.side == "ours" and args.threads >= 2,
         )
         embedder([Doc(vocab, words=w) for w in words[:8]])  # warm-up
         docs = [Doc(vocab, words=w) for w in words]
@@ -209,7 +211,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / "charlm_speed.json")
     parser.add_argument("--configs", default=None,
-                        help="hidden:threads list, e.g. 256:2,1024:1 (default: "
+                        help="hidden:threads[:repeats] list, e.g. 256:2:3,1024:1 (default: "
                         + ",".join(f"{h}:{t}" for h, t in CONFIGS) + ")")
     # child-process options
     parser.add_argument("--child", choices=["flair", "flair-sorted", "ours", "ours-sequential"],
@@ -250,11 +252,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for device in devices:
-            for hidden, threads in configs:
+            for hidden, threads, *config_repeats in configs:
                 ckpt_dir = tmp / f"h{hidden}"
                 ckpt_dir.mkdir(exist_ok=True)
                 make_checkpoints(ckpt_dir, hidden, args.n_sentences, args.seed)
-                repeats = args.repeats or (1 if (args.quick or hidden >= 1024) else 3)
+                repeats = (config_repeats[0] if config_repeats else args.repeats) or (
+                    1 if (args.quick or hidden >= 1024) else 3)
                 if device == "cuda":
                     repeats = max(repeats, 3)
                 sides = ["flair", "flair-sorted", "ours"] + (

@@ -111,7 +111,7 @@ def protected_ok(doc: Doc) -> numpy.ndarray:
     return valid
 
 
-def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats, lengths=None):
+def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats):
     """Every annotation of `doc` is in exactly one place in `pieces`."""
     assert pieces, "no piece for a non-empty doc"
     assert "".join(p.text for p in pieces) == doc.text
@@ -120,10 +120,7 @@ def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats, lengths=N
     valid = protected_ok(doc)
     for piece, a in zip(pieces, bounds[:-1]):
         b = a + len(piece)
-        length = (
-            len(piece) if lengths is None else int(sum(lengths[a:b])) + stats_n_special(lengths)
-        )
-        if max_length and length > max_length:
+        if max_length and len(piece) > max_length:
             # oversize only when no valid cut lies inside the piece
             assert not valid[a + 1 : b].any(), (a, b)
     # cuts never split a protected span
@@ -191,10 +188,6 @@ def check_pieces(doc: Doc, pieces, max_length: int, stats: SplitStats, lengths=N
     for piece, a in zip(pieces, bounds[:-1]):
         got_ext.extend(s._.lean_test_span for s in piece.spans["sc"])
     assert sorted(got_ext) == sorted(s._.lean_test_span for s in doc.spans["sc"])
-
-
-def stats_n_special(lengths):
-    return getattr(lengths, "n_special", 0)
 
 
 @pytest.mark.parametrize("seed", range(6))

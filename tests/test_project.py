@@ -297,6 +297,36 @@ def test_compare_metrics(tmp_path, monkeypatch):
     assert code == 1 and "ents_per_type.ORG.p" in out
 
 
+
+def test_run_benchmark_checks_the_results_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bench = tmp_path / "benchmarks"
+    (bench / "results").mkdir(parents=True)
+    writes = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "out = Path(__file__).parent / 'results' / 'writes.json'\n"
+        "out.write_text(json.dumps({'quick': '--quick' in sys.argv}))\n"
+    )
+    (bench / "writes.py").write_text(writes)
+    (bench / "silent.py").write_text("print('no results')\n")
+    (bench / "fails.py").write_text("raise SystemExit(3)\n")
+    code, out = _invoke("run_benchmark", ["writes", "--size", "quick"])
+    assert code == 0, out
+    assert json.loads((bench / "results/writes.json").read_text()) == {"quick": True}
+    code, out = _invoke("run_benchmark", ["writes"])
+    assert code == 0 and json.loads((bench / "results/writes.json").read_text()) == {"quick": False}
+    code, out = _invoke("run_benchmark", ["silent"])
+    assert code == 1 and "did not write" in out
+    code, out = _invoke("run_benchmark", ["silent", "--size", "quick"])
+    assert code == 0 and "left" in out
+    code, out = _invoke("run_benchmark", ["fails"])
+    assert code == 3 and "exit code 3" in out
+    code, out = _invoke("run_benchmark", ["missing"])
+    assert code == 1 and "No benchmark script" in out
+    code, out = _invoke("run_benchmark", ["writes", "--size", "huge"])
+    assert code == 1 and "--size must be one of" in out
+
 # --- the `all` workflow, end to end -----------------------------------------------------
 
 
@@ -324,6 +354,27 @@ def test_all_workflow_runs_offline_end_to_end(tmp_path):
     assert code == 0, out[-4000:]
     assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])
 
+
+
+@pytest.mark.slow
+def test_charlm_workflow_runs_offline_end_to_end(tmp_path):
+    """Character LMs trained by `spacy lean train-charlm`, NER on their embeddings."""
+    project = _copy_project(tmp_path / "project")
+    tiny = {**TINY_VARS, "charlm_hidden_size": 32, "charlm_steps": 10, "charlm_bptt": 50,
+            "charlm_batch_size": 4}
+    overrides = [arg for k, v in tiny.items() for arg in (f"--vars.{k}", str(v))]
+    code, out = _run(["-m", "spacy", "project", "run", "charlm", str(project), *overrides],
+                     cwd=tmp_path, timeout=900)
+    assert code == 0, out[-4000:]
+    for direction in ("forward", "backward"):
+        assert (project / f"training/charlm/{direction}/lm.pt").exists()
+    config = Config().from_disk(project / "training/ner_charlm/model-best/config.cfg")
+    charlm = config["components"]["ner"]["model"]["tok2vec"]["*"]["charlm"]
+    assert charlm["@architectures"] == "spacy-lean.CharLMEmbed.v1"
+    for name in ("ner_charlm_spacy_evaluate.json", "ner_charlm_lean_evaluate.json"):
+        scores = json.loads((project / "metrics" / name).read_text())
+        assert all(key in scores for key in SCORE_KEYS)
+    assert json.loads((project / "metrics/ner_charlm_summary.json").read_text())["agree"]
 
 # --- benchmarks/plot.py ---------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Parity and property tests of the mergeable score states against spaCy's own
 scorer, on a small pipeline with every trainable built-in component."""
 import gc
-import warnings
-import math
+import os
 import random
+import warnings
 import weakref
 
 import pytest
@@ -20,33 +20,13 @@ from spacy_lean.scoring.gold import (
     build_scoring_pipeline,
     make_scoring_docs,
 )
+from spacy_lean.scoring.testing import assert_scores_equal
 
 SETTINGS = settings(
     max_examples=10,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-def assert_scores_equal(expected, got, *, ordered=True, path="scores"):
-    """Same keys (in the same order where `ordered`), None where expected is None,
-    floats equal to 1e-12, other values equal."""
-    if isinstance(expected, dict):
-        assert isinstance(got, dict), f"{path}: {got!r} is not a dict"
-        if ordered:
-            assert list(got) == list(expected), f"{path}: key order {list(got)} != {list(expected)}"
-        else:
-            assert set(got) == set(expected), f"{path}: keys {set(got)} != {set(expected)}"
-        for key in expected:
-            assert_scores_equal(expected[key], got[key], ordered=ordered, path=f"{path}.{key}")
-    elif isinstance(expected, float):
-        assert isinstance(got, float), f"{path}: {got!r} is not a float"
-        if math.isnan(expected):
-            assert math.isnan(got), f"{path}: {got} != nan"
-        else:
-            assert abs(expected - got) <= 1e-12, f"{path}: {got} != {expected}"
-    else:
-        assert got == expected and type(got) is type(expected), f"{path}: {got!r} != {expected!r}"
 
 
 def retokenize_gold(doc, rng):
@@ -385,3 +365,24 @@ def test_rule_based_and_span_finder_scorers(rule_nlp_examples, cuts):
     flat = Scorer(nlp).score(processed)
     assert flat["ents_per_type"] and flat["spans_ruler_per_type"] and flat["tag_acc"] is not None
     assert "spans_sc_f" in flat and "spans_sc_per_type" not in flat
+
+
+@pytest.mark.slow
+def test_fingerprint_is_stable_across_processes(scoring_nlp, tmp_path):
+    """A resumed run happens in a new process, with another hash seed."""
+    import subprocess
+    import sys
+
+    scoring_nlp.to_disk(tmp_path / "model")
+    code = (
+        "import spacy, warnings; from spacy_lean.scoring import make_pipeline_state; "
+        f"print(make_pipeline_state(spacy.load({str(tmp_path / 'model')!r})).fingerprint)"
+    )
+    prints = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        prints.add(out.stdout.strip())
+    assert prints == {make_pipeline_state(scoring_nlp).fingerprint}

@@ -21,8 +21,8 @@ from spacy_lean.scoring import (
     register_twin,
 )
 from spacy_lean.scoring.deps import lower_dep_getter
+from spacy_lean.scoring.testing import assert_scores_equal
 
-from test_scoring import assert_scores_equal  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -507,3 +507,35 @@ def test_span_states_equal_spacy(examples, cut, labeled, allow_overlap):
         second.update(examples[cut:])
         first.merge(make().load_dict(srsly.json_loads(srsly.json_dumps(second.to_dict()))))
         assert_scores_equal(spacy_score(examples), first.result())
+
+
+@spacy.registry.scorers("spacy_lean_test.ner_prf_entry_point.v1")
+def make_ner_prf_scorer_ep():
+    from spacy.scorer import get_ner_prf
+
+    return lambda examples, **kwargs: get_ner_prf(examples)
+
+
+def test_twin_from_entry_point_group(monkeypatch):
+    """Packages can declare twins in the `spacy_lean_scoring_twins` group."""
+    import importlib.metadata
+
+    import catalogue
+
+    ep = importlib.metadata.EntryPoint(
+        name="spacy_lean_test.ner_prf_entry_point.v1",
+        value="spacy_lean.scoring.spans:NERState",
+        group="spacy_lean_scoring_twins",
+    )
+    monkeypatch.setattr(catalogue, "AVAILABLE_ENTRY_POINTS", importlib.metadata.EntryPoints([ep]))
+    nlp, examples = _ruler_pipeline("spacy_lean_test.ner_prf_entry_point.v1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = make_pipeline_state(nlp)
+    assert state.fallbacks == []
+    assert type(state.states[-1][1]).__name__ == "NERState"
+    state.update(examples)
+    got = state.result()
+    got.pop("speed")
+    assert_scores_equal(Scorer(nlp).score(examples), got)
+    assert got["ents_per_type"]

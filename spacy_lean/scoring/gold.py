@@ -8,7 +8,7 @@ from spacy.language import Language
 from spacy.tokens import Doc, Span
 from spacy.training import Example
 
-# word, tag, pos, morph, lemma, dep (head: the sentence's verb unless noted)
+# (word, tag, pos, morph, lemma); sentences add (entity label, entity text).
 _DETS = [("the", "DT", "DET", "Definite=Def|PronType=Art", "the"),
          ("a", "DT", "DET", "Definite=Ind|PronType=Art", "a")]
 _NOUNS = [("report", "NN", "NOUN", "Number=Sing", "report"),
@@ -30,7 +30,7 @@ _ENTS = {
     "ORG": ["Northwind Analytics", "Bluefield Bank", "Quillon Labs"],
     "LOC": ["Veldmark", "Port Ambrel", "Kestrel Bay"],
 }
-#: KB ids per entity text; the first one is right, "NIL" marks an unknown entity.
+#: The KB id of each entity text (20% of reference entities get "NIL" instead).
 ENTITY_IDS = {text: f"Q{i + 1}" for i, text in enumerate(t for ts in _ENTS.values() for t in ts)}
 TEXTCAT_LABELS = ("POSITIVE", "NEGATIVE")
 MULTILABEL_LABELS = ("SPORT", "POLITICS", "FINANCE")
