@@ -11,6 +11,7 @@ the `spacy lean evaluate` command, its checkpoints and its workers.
 import hashlib
 import itertools
 import os
+import sys
 import types
 import warnings
 from pathlib import Path
@@ -76,6 +77,31 @@ def _free_gpu_cache() -> None:
         import cupy
 
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+_LIBC: Any = None
+
+
+def release_heap() -> None:
+    """Give memory freed by the C heap back to the OS (glibc's `malloc_trim`; a
+    no-op elsewhere). Without it, glibc keeps the pages each batch's activations
+    freed, and the process's resident memory creeps up batch after batch although
+    nothing is alive (measured: ~20 MB per batch until a plateau, for a 4-layer BERT)."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                import ctypes.util
+
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                if hasattr(libc, "malloc_trim"):
+                    _LIBC = libc
+            except OSError:  # pragma: no cover - not glibc
+                pass
+    if _LIBC:
+        _LIBC.malloc_trim(0)
 
 
 def _release_activations(doc: Doc) -> None:
@@ -176,6 +202,7 @@ class StreamingEvaluator:
         window_size: Optional[int] = None,
         state: Any = None,
         on_oom: Optional[Callable[[int, int], None]] = None,
+        trim_heap: bool = True,
     ):
         """Initialise the evaluator.
 
@@ -191,6 +218,8 @@ class StreamingEvaluator:
         state (Optional[PipelineScoreState]): a state to continue (from a checkpoint).
         on_oom (Optional[Callable[[int, int], None]]): called with (failed batch size,
             new batch size) when a batch ran out of GPU memory. Defaults to a warning.
+        trim_heap (bool): after each batch, give the memory the C heap freed back to
+            the OS (`release_heap`), so resident memory stays flat.
         """
         if batch_size is None:
             batch_size = nlp.batch_size
@@ -211,6 +240,9 @@ class StreamingEvaluator:
             )
         self.state = state
         self.on_oom = on_oom if on_oom is not None else _warn_oom
+        self.trim_heap = trim_heap
+        self._n_tokens_seen = 0
+        self._n_docs_seen = 0
         self._oom_types = cuda_oom_errors()
         self.n_examples = 0  # examples consumed from the stream, skipped ones included
         self.n_batches = 0
@@ -261,7 +293,11 @@ class StreamingEvaluator:
             order = sorted(range(len(window)), key=lengths.__getitem__)
         else:
             order = list(range(len(window)))
-        mean_length = sum(lengths) / len(lengths)
+        # The padded-size budget of a sorted batch: batch_size x the mean doc length of
+        # everything read so far (steadier than one window's mean).
+        self._n_tokens_seen += sum(lengths)
+        self._n_docs_seen += len(lengths)
+        mean_length = self._n_tokens_seen / self._n_docs_seen
         scored: List[Optional[Example]] = [None] * len(window)
         pos = 0
         while pos < len(order):
@@ -275,7 +311,7 @@ class StreamingEvaluator:
     def _batch_end(self, order: List[int], pos: int, lengths: List[int], mean_length: float) -> int:
         """End of the batch starting at `pos`: at most `batch_size` docs and, when the
         window is sorted, at most the padded size of an average batch (`batch_size` x
-        the window's mean length), so sorting never gathers the longest docs into one
+        the mean doc length so far), so sorting never gathers the longest docs into one
         oversized batch (one doc longer than that is a batch of its own)."""
         end = min(pos + self.batch_size, len(order))
         if not self.sort_window:
@@ -323,6 +359,8 @@ class StreamingEvaluator:
         self.state.add_speed(n_words, seconds)
         self.n_words += n_words
         self.n_batches += 1
+        if self.trim_heap:
+            release_heap()
         return copies
 
 

@@ -416,3 +416,41 @@ def test_max_length_in_wordpieces(nlp, shard_dir, tiny_transformer):
     assert "".join(eg.reference.text for eg in examples) == "".join(
         eg.reference.text for eg in by_tokens
     )
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_user_data_and_extensions_survive_reading(nlp, tmp_path, compact):
+    from spacy.tokens import Token
+
+    if not Token.has_extension("lean_reader_tok"):
+        Token.set_extension("lean_reader_tok", default=None)
+    docs = synthetic.make_ner_docs(nlp, 12, seed=8)
+    want = []
+    for i, doc in enumerate(docs):
+        if i % 3 == 0:  # some docs carry data, most none (the fast path)
+            doc.user_data["source"] = f"doc-{i}"
+            for token in list(doc)[::5]:
+                token._.lean_reader_tok = f"{i}:{token.i}"
+        want.extend(t._.lean_reader_tok for t in doc)
+    DocBin(docs=docs, store_user_data=True).to_disk(tmp_path / "u.spacy")
+    corpus = LeanCorpus(tmp_path / "u.spacy", max_length=9, compact=compact, compact_chunk=5)
+    refs = [eg.reference for eg in corpus(nlp)]
+    assert len(refs) > len(docs)
+    assert [t._.lean_reader_tok for d in refs for t in d] == want
+    sources = [d.user_data.get("source") for d in refs]
+    assert set(sources) == {None} | {f"doc-{i}" for i in range(0, 12, 3)}
+
+
+@pytest.mark.parametrize(
+    "group,name,func",
+    [
+        ("spacy_readers", "spacy-lean.Corpus.v1", "create_lean_corpus_v1"),
+        ("spacy_batchers", "spacy-lean.batch_by_tokens.v1", "configure_batch_by_tokens_v1"),
+    ],
+)
+def test_entry_points_declared(group, name, func):
+    """A config name resolves without importing spacy_lean only through an entry point."""
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=group) if ep.name == name]
+    assert len(found) == 1 and found[0].load().__name__ == func

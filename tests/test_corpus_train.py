@@ -7,6 +7,7 @@ from spacy.cli.train import train
 from thinc.api import Config
 
 from spacy_lean import synthetic
+from spacy_lean.corpus import LeanCorpus
 
 LEAN_SECTIONS = """
 [corpora]
@@ -28,8 +29,9 @@ max_length = 0
 
 [training.batcher]
 @batchers = "spacy-lean.batch_by_tokens.v1"
-size = 300
+size = 1000
 window = 64
+max_padding = 1.0
 """
 
 
@@ -55,9 +57,7 @@ def train_config(tmp_path_factory):
     return {"config": path, "train": root / "train", "dev": root / "dev.spacy", "root": root}
 
 
-@pytest.mark.parametrize("max_epochs", [0, 2, -1])
-def test_spacy_train_runs(train_config, max_epochs, tmp_path):
-    output = tmp_path / "out"
+def run_train(train_config, max_epochs, output):
     train(
         train_config["config"],
         output,
@@ -73,3 +73,28 @@ def test_spacy_train_runs(train_config, max_epochs, tmp_path):
     cfg = nlp.config
     assert cfg["corpora"]["train"]["@readers"] == "spacy-lean.Corpus.v1"
     assert cfg["training"]["batcher"]["@batchers"] == "spacy-lean.batch_by_tokens.v1"
+
+
+def test_spacy_train_listed_and_streamed(train_config, tmp_path, monkeypatch):
+    """max_epochs = 0 lists the corpus once; -1 calls the reader once per epoch (the
+    12 steps span several epochs of this small corpus). Both make the same calls
+    while initializing, so -1 makes more."""
+    calls = []
+    original = LeanCorpus.__call__
+
+    def counting_call(self, nlp):
+        calls.append(self.path)
+        return original(self, nlp)
+
+    monkeypatch.setattr(LeanCorpus, "__call__", counting_call)
+    counts = {}
+    for max_epochs in (0, -1):
+        calls.clear()
+        run_train(train_config, max_epochs, tmp_path / f"out{max_epochs}")
+        counts[max_epochs] = calls.count(train_config["train"])
+        assert calls.count(train_config["dev"]) >= 2  # every evaluation reads the dev corpus
+    assert counts[-1] >= counts[0] + 2
+
+
+def test_spacy_train_fixed_epochs(train_config, tmp_path):
+    run_train(train_config, 2, tmp_path / "out")

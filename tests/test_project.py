@@ -331,15 +331,30 @@ def test_run_benchmark_checks_the_results_file(tmp_path, monkeypatch):
 
 
 def test_all_workflow_runs_offline_end_to_end(tmp_path):
+    _check_all_workflow(tmp_path, TINY_VARS)
+
+
+@pytest.mark.gpu
+def test_all_workflow_runs_on_gpu(tmp_path):
+    pytest.importorskip("cupy", reason="GPU training needs spacy-lean[cuda12x]")
+    _check_all_workflow(tmp_path, {**TINY_VARS, "gpu_id": 0, "mixed_precision": "true"})
+
+
+def _check_all_workflow(tmp_path, tiny_vars):
     project = _copy_project(tmp_path / "project")
-    overrides = [arg for k, v in TINY_VARS.items() for arg in (f"--vars.{k}", str(v))]
+    overrides = [arg for k, v in tiny_vars.items() for arg in (f"--vars.{k}", str(v))]
     code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
     assert code == 0, out[-4000:]
     card = json.loads((project / "training/transformer.json").read_text())
     assert card["source"] == "generated" and card["hidden_size"] == 16
     shards = sorted((project / "corpus/shards/train").glob("*.spacy"))
     assert len(shards) == 4  # 40 docs, 10 per shard
-    assert (project / "training/ner_trf/model-best/config.cfg").exists()
+    config = Config().from_disk(project / "training/ner_trf/model-best/config.cfg")
+    assert config["nlp"]["pipeline"] == ["transformer", "ner", "lean_cleaner"]
+    assert config["corpora"]["train"]["@readers"] == "spacy-lean.Corpus.v1"
+    assert config["training"]["batcher"]["@batchers"] == "spacy-lean.batch_by_tokens.v1"
+    # Streaming in training, stripped from the saved pipeline (see ner_trf.cfg).
+    assert config["nlp"]["after_pipeline_creation"] is None
     metrics = project / "metrics"
     for name in ("ner_trf_spacy_evaluate.json", "ner_trf_lean_evaluate.json"):
         scores = json.loads((metrics / name).read_text())

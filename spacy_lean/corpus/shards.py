@@ -37,7 +37,7 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
             )
         return [path]
     found = {s: [] for s in FORMATS}  # type: dict
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(path, followlinks=True):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
             if name.startswith("."):
