@@ -64,7 +64,9 @@ def _malloc_trim() -> None:
         trim(0)
 
 
-def run_child(mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool) -> dict:
+def run_child(
+    mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool, long_doc_rate: float
+) -> dict:
     import gc
 
     import torch
@@ -78,6 +80,18 @@ def run_child(mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool) -> d
 
         set_gpu_allocator("pytorch")
         require_gpu(0)
+    # Time spent giving memory back (`empty_cache_every`), measured in the run.
+    from spacy_lean import cleaner
+
+    empty_cache_time = [0.0]
+    empty = cleaner.empty_allocator_caches
+
+    def timed_empty():
+        start = time.perf_counter()
+        empty()
+        empty_cache_time[0] += time.perf_counter() - start
+
+    cleaner.empty_allocator_caches = timed_empty
     nlp = spacy.load(model_dir)
     if mode == "doc_cleaner":
         nlp.add_pipe("doc_cleaner")
@@ -88,7 +102,8 @@ def run_child(mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool) -> d
     elif mode == "lean_cleaner_compact16":
         config = {"compact_vectors": "float16", "empty_cache_every": nlp.batch_size}
         nlp.add_pipe("lean_cleaner", config=config)
-    texts = [d.text for d in synthetic.make_ner_docs(spacy.blank("en"), n_docs, seed=seed)]
+    blank = spacy.blank("en")
+    texts = [d.text for d in synthetic.make_ner_docs(blank, n_docs, seed, long_doc_rate)]
     if mode == "tokenizer_only":
         def run(batch):
             return list(nlp.tokenizer.pipe(batch))
@@ -108,6 +123,7 @@ def run_child(mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool) -> d
         gpu0 = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    empty_cache_time[0] = 0.0
     docs = run(texts)
     seconds = time.perf_counter() - start
     peak_kb = _status_kb("VmHWM") - rss0
@@ -131,6 +147,7 @@ def run_child(mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool) -> d
         result["gpu_kept_kb"] = (torch.cuda.memory_allocated() - gpu0) // 1024
     if mode.startswith("lean_cleaner"):
         result["cleaner_stats"] = dict(nlp.get_pipe("lean_cleaner").stats)
+        result["empty_cache_seconds"] = round(empty_cache_time[0], 4)
     return result
 
 
@@ -150,12 +167,13 @@ def build_model(workdir: Path) -> Path:
     return model
 
 
-def measure(mode, n_docs, model, seed, gpu, repeats):
+def measure(mode, n_docs, model, seed, gpu, repeats, long_doc_rate):
     """Run one measurement in a fresh subprocess per repeat; keep the median."""
     results = []
     for _ in range(repeats):
         cmd = [sys.executable, __file__, "--child", mode, str(n_docs), str(model),
-               "--seed", str(seed)] + (["--gpu"] if gpu else [])
+               "--seed", str(seed), "--long-doc-rate", str(long_doc_rate)]
+        cmd += ["--gpu"] if gpu else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     results.sort(key=lambda r: r["peak_rss_growth_kb"])
@@ -169,6 +187,9 @@ def main():
                         help="three doc counts (default 100 400 1600; --quick 25 100 400)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per point (median)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--long-doc-rate", type=float, default=0.0,
+                        help="share of 20-60 sentence docs (default 0: each batch then needs "
+                        "about the same working memory, so the slope measures what is kept)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the local BERT and pipeline are built (default: temp)")
     parser.add_argument("--out", type=Path,
@@ -181,7 +202,8 @@ def main():
 
     if args.child:
         mode, n_docs, model = args.child
-        print(json.dumps(run_child(mode, int(n_docs), model, args.seed, args.gpu)))
+        result = run_child(mode, int(n_docs), model, args.seed, args.gpu, args.long_doc_rate)
+        print(json.dumps(result))
         return
 
     import torch
@@ -194,7 +216,10 @@ def main():
         model = build_model(workdir)
         rows = {}
         for mode in args.modes:
-            rows[mode] = [measure(mode, n, model, args.seed, gpu, args.repeats) for n in sizes]
+            rows[mode] = [
+                measure(mode, n, model, args.seed, gpu, args.repeats, args.long_doc_rate)
+                for n in sizes
+            ]
             print(f"# {mode}: " + ", ".join(
                 f"{r['n_docs']} docs -> +{r['peak_rss_growth_kb'] / 1024:.1f} MB peak RSS"
                 for r in rows[mode]), file=sys.stderr)
@@ -243,6 +268,7 @@ def main():
         "nlp.batch_size 32",
         "device": "cuda" if gpu else "cpu",
         "sizes": sizes,
+        "long_doc_rate": args.long_doc_rate,
         "modes": {m: MODES[m] for m in rows},
         "summary": summary,
         "ratios": ratios,

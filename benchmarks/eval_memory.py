@@ -15,6 +15,8 @@ alternates between repeats); ratios compare the two modes in the same run.
 
     python benchmarks/eval_memory.py            # 100, 400, 1600 docs
     python benchmarks/eval_memory.py --quick    # 25, 100, 400 docs
+Then, on the smallest set, both modes run alternating in one process (--interleaved N
+times each) for a throughput ratio less noisy than separate processes.
 Prints JSON and writes benchmarks/results/eval_memory.json.
 """
 import argparse
@@ -54,7 +56,7 @@ def build_assets(work: Path, n_base: int, sizes, seed: int = 0):
     base = synthetic.make_ner_docs(nlp, n_base, seed=seed + 2)
     dev_dirs = {}
     for size in sizes:
-        folder = work / f"dev_{size}"
+        folder = work / f"dev_{size}_base{n_base}_seed{seed}"
         if not folder.exists():
             folder.mkdir()
             docs = [base[i % len(base)] for i in range(size)]
@@ -140,11 +142,45 @@ def child(mode: str, model: str, data: str, gpu_id: int, threads: int) -> dict:
     return out
 
 
-def run_child(mode, model, data, gpu_id, threads):
+def interleaved(model: str, data: str, gpu_id: int, threads: int, repeats: int) -> dict:
+    """Throughput of both modes in one process, alternating, `repeats` times each:
+    less noisy than comparing two processes on a shared machine."""
+    import spacy
+    import torch
+
+    torch.set_num_threads(threads)
+    if gpu_id >= 0:
+        spacy.require_gpu(gpu_id)
+    from spacy.training import Corpus
+
+    from spacy_lean.evaluate import evaluate, list_shards, read_examples
+
+    nlp = spacy.load(model)
+    nlp.evaluate(list(Corpus(data)(nlp))[:16])  # warm up
+    runs = {
+        "stock": lambda: nlp.evaluate(list(Corpus(data)(nlp))),
+        "streaming": lambda: evaluate(nlp, read_examples(nlp, list_shards(data))),
+    }
+    seconds = {name: [] for name in runs}
+    for rep in range(repeats):
+        for name in (("stock", "streaming") if rep % 2 == 0 else ("streaming", "stock")):
+            start = time.perf_counter()
+            runs[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return {
+        "seconds": seconds,
+        "best_ratio_streaming_over_stock": min(seconds["stock"]) / min(seconds["streaming"]),
+        "median_ratio_streaming_over_stock": (
+            statistics.median(seconds["stock"]) / statistics.median(seconds["streaming"])
+        ),
+    }
+
+
+def run_child(mode, model, data, gpu_id, threads, repeats=0):
     env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, __file__, "--child", mode, str(model), str(data),
-           "--gpu-id", str(gpu_id), "--threads", str(threads)]
+           "--gpu-id", str(gpu_id), "--threads", str(threads), "--interleaved", str(repeats)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
@@ -164,10 +200,16 @@ def main():
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the model and data go (kept)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--interleaved", type=int, default=3,
+                        help="throughput check: both modes alternating in one process, N times "
+                        "each, on the smallest set (0: skip)")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "MODEL", "DATA"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.gpu_id, args.threads)))
+        if args.child[0] == "interleaved":
+            print(json.dumps(interleaved(*args.child[1:], args.gpu_id, args.threads, args.interleaved)))
+        else:
+            print(json.dumps(child(*args.child, args.gpu_id, args.threads)))
         return
     sizes = args.sizes or ([25, 100, 400] if args.quick else [100, 400, 1600])
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_memory_"))
@@ -183,6 +225,15 @@ def main():
                 runs.append(result)
                 print(f"{mode:9s} {size:5d} docs: peak RSS {result['peak_rss_mb']:.0f} MB, "
                       f"{result['docs_per_s']:.1f} docs/s", file=sys.stderr)
+
+    interleaved_result = None
+    if args.interleaved > 0:
+        interleaved_result = run_child(
+            "interleaved", model, dev_dirs[sizes[0]], args.gpu_id, args.threads, args.interleaved
+        )
+        interleaved_result["size"] = sizes[0]
+        print(f"interleaved {sizes[0]} docs: best-of-{args.interleaved} throughput ratio "
+              f"{interleaved_result['best_ratio_streaming_over_stock']:.2f}", file=sys.stderr)
 
     def pick(mode, size, key, agg):
         return agg([r[key] for r in runs if r["mode"] == mode and r["size"] == size])
@@ -206,6 +257,7 @@ def main():
             key = f"{mode}_peak_gpu_mb"
             summary[f"{mode}_gpu_growth_smallest_to_largest"] = last[key] / first[key] - 1
     reference = {size: [without_speed(r["scores"]) for r in runs if r["size"] == size] for size in sizes}
+    summary["interleaved_throughput"] = interleaved_result
     summary["scores_identical"] = all(all(s == group[0] for s in group) for group in reference.values())
     summary["targets"] = {
         "streaming_rss_growth_below_5pct": summary["streaming_rss_growth_smallest_to_largest"] < 0.05,

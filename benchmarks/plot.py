@@ -12,8 +12,8 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - any other file: bars of each measured quantity (memory, time, speed, ratio...) of
   the first group of two or more named entries found in it; skipped if it has none.
 
-`plots.json` in the output folder lists the PNG of each file and why a file was
-skipped. Usage: `python benchmarks/plot.py [RESULTS_DIR] [OUTPUT_DIR]` (default
+`plots.json` in the output folder lists the PNG of each file (relative to it) and
+why a file was skipped. Usage: `python benchmarks/plot.py [RESULTS_DIR] [OUTPUT_DIR]` (default
 benchmarks/results for both).
 """
 import json
@@ -111,7 +111,9 @@ def plot_cleaner_memory(data: Dict[str, Any]) -> plt.Figure:
     if not points:
         raise SchemaError("points is empty")
     has_gpu = all("gpu_kept_kb" in p for rows in points.values() for p in rows)
-    fig, axes = plt.subplots(1, 2 if has_gpu else 1, figsize=(11 if has_gpu else 6, 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, 2 if has_gpu else 1, figsize=(11 if has_gpu else 6, 4), squeeze=False
+    )
     _lines(axes[0][0], {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
            {m: [p["peak_rss_growth_kb"] / 1024 for p in rows] for m, rows in points.items()},
            "docs kept (list(nlp.pipe(texts)))", "peak RSS growth (MB)",
@@ -138,7 +140,8 @@ def plot_padding(data: Dict[str, Any]) -> plt.Figure:
               for name, c in corpora.items()]
     fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(groups)), 4.5))
     _bars(ax, groups,
-          {b: [c[b]["padding_fraction"] if b in c else None for c in corpora.values()] for b in batchers},
+          {b: [c[b]["padding_fraction"] if b in c else None for c in corpora.values()]
+           for b in batchers},
           "padding fraction (padded - real) / padded",
           f"Padding by batcher (budget {data.get('size', '?')} padded tokens)", fmt="{:.1%}")
     return fig
@@ -275,7 +278,7 @@ def main(results_dir: Optional[str] = None, out_dir: Optional[str] = None) -> Di
             continue
         png, reason = plot_file(path, out)
         if png is not None:
-            report["plots"][path.name] = str(png)
+            report["plots"][path.name] = png.name
             print(f"{path.name} -> {png}")
         else:
             report["skipped"][path.name] = reason

@@ -18,7 +18,9 @@ def main(
     spacy_metrics: Path = typer.Argument(..., help="JSON written by `spacy evaluate --output`"),
     lean_metrics: Path = typer.Argument(..., help="JSON written by `spacy lean evaluate --output`"),
     output: Path = typer.Argument(..., help="Where to write the summary JSON"),
-    tolerance: float = typer.Option(1e-6, "--tolerance", help="Largest allowed absolute difference"),
+    tolerance: float = typer.Option(
+        1e-6, "--tolerance", help="Largest allowed absolute difference"
+    ),
 ):
     """Compare two metrics files and write {scores, differences, speeds} to `output`."""
     stock = _flatten(json.loads(spacy_metrics.read_text(encoding="utf8")))

@@ -15,7 +15,10 @@ from wasabi import msg
 def main(
     corpus: Path = typer.Argument(..., help="A .spacy file, or a folder of them"),
     output: Path = typer.Argument(..., help="Text file to write"),
-    tokenized: bool = typer.Option(True, "--tokenized/--raw", help="Join tokens with single spaces (default) or keep the original text"),
+    tokenized: bool = typer.Option(
+        True, "--tokenized/--raw",
+        help="Join tokens with single spaces (default) or keep the original text",
+    ),
 ):
     """Write one line per document."""
     paths = sorted(corpus.rglob("*.spacy")) if corpus.is_dir() else [corpus]

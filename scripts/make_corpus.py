@@ -12,10 +12,10 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, List
 
 import typer
-from spacy.tokens import Doc, DocBin
+from spacy.tokens import DocBin
 from spacy.training.converters import conll_ner_to_docs
 from wasabi import msg
 
@@ -37,12 +37,24 @@ ASSET_FILES = {
     },
 }
 ASSET_SHA256 = {
-    "assets/conll2003/train.txt": (3283418, "c99b26852dabf57ca9d30a0e892b84544cc8962003151e14a71077c55dc66db5"),
-    "assets/conll2003/valid.txt": (827441, "f1f6469322876887de1d04acd43c59b02f59d5b02acf42c027132fa1bf349cb2"),
-    "assets/conll2003/test.txt": (748093, "82e0c72d262f86ad3e78b15c5d980bbf87cb205aa4bf6d2d97643f463f8d7ff7"),
-    "assets/wnut17/wnut17train.conll": (493781, "731820e13f71af324c6b55a1575ec2ce59fbaa2a0806f8f0400b98d56cd6a7a5"),
-    "assets/wnut17/emerging.dev.conll": (114749, "e053b752b8155113ca66e7db08af5f2f5f43ab993694e4774f1ec5bad42312d8"),
-    "assets/wnut17/emerging.test.annotated": (192425, "2aa79b764e56ec9264a1b30fdd9b70195bd00ff400b62edd8f399d5f13c178f0"),
+    "assets/conll2003/train.txt": (
+        3283418, "c99b26852dabf57ca9d30a0e892b84544cc8962003151e14a71077c55dc66db5"
+    ),
+    "assets/conll2003/valid.txt": (
+        827441, "f1f6469322876887de1d04acd43c59b02f59d5b02acf42c027132fa1bf349cb2"
+    ),
+    "assets/conll2003/test.txt": (
+        748093, "82e0c72d262f86ad3e78b15c5d980bbf87cb205aa4bf6d2d97643f463f8d7ff7"
+    ),
+    "assets/wnut17/wnut17train.conll": (
+        493781, "731820e13f71af324c6b55a1575ec2ce59fbaa2a0806f8f0400b98d56cd6a7a5"
+    ),
+    "assets/wnut17/emerging.dev.conll": (
+        114749, "e053b752b8155113ca66e7db08af5f2f5f43ab993694e4774f1ec5bad42312d8"
+    ),
+    "assets/wnut17/emerging.test.annotated": (
+        192425, "2aa79b764e56ec9264a1b30fdd9b70195bd00ff400b62edd8f399d5f13c178f0"
+    ),
 }
 # What spaCy's CoNLL converter takes as a document boundary.
 DOC_DELIMITER = "-DOCSTART- -X- O O"
@@ -55,8 +67,12 @@ def main(
     n_train: int = typer.Option(800, "--n-train", help="Generated train documents"),
     n_dev: int = typer.Option(150, "--n-dev", help="Generated dev documents"),
     n_test: int = typer.Option(150, "--n-test", help="Generated test documents"),
-    long_doc_rate: float = typer.Option(0.03, "--long-doc-rate", help="Share of very long generated documents"),
-    n_sents: int = typer.Option(10, "--n-sents", help="Sentences per document when converting files without -DOCSTART-"),
+    long_doc_rate: float = typer.Option(
+        0.03, "--long-doc-rate", help="Share of very long generated documents"
+    ),
+    n_sents: int = typer.Option(
+        10, "--n-sents", help="Sentences per document when converting files without -DOCSTART-"
+    ),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generator"),
     lang: str = typer.Option("en", "--lang", help="Language of the generated corpus"),
 ):
@@ -116,7 +132,10 @@ def _find_sources(dataset: str) -> Dict[str, Path]:
             if p.stem in names and (p.suffix == ".spacy" or p.suffix in COLUMN_SUFFIXES)
         ]
         if not found:
-            msg.fail(f"No {split} file in {root} (expected e.g. {split}.spacy or {split}.iob)", exits=1)
+            msg.fail(
+                f"No {split} file in {root} (expected e.g. {split}.spacy or {split}.iob)",
+                exits=1,
+            )
         sources[split] = found[0]
     return sources
 

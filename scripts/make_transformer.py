@@ -26,7 +26,9 @@ MARKER = "spacy_lean_tiny_transformer.json"
 
 def main(
     name: str = typer.Argument(..., help="Local folder (made if under assets/) or Hub name"),
-    corpus: Path = typer.Argument(..., help="Training corpus (.spacy) for the WordPiece vocabulary"),
+    corpus: Path = typer.Argument(
+        ..., help="Training corpus (.spacy) for the WordPiece vocabulary"
+    ),
     card: Path = typer.Argument(..., help="Where to write the JSON card"),
     vocab_size: int = typer.Option(1000, "--vocab-size", help="WordPiece vocabulary size"),
     hidden_size: int = typer.Option(64, "--hidden-size", help="Hidden width"),
@@ -44,7 +46,9 @@ def main(
             "num_attention_heads": heads, "max_position_embeddings": max_length, "seed": seed,
         }
         if hidden_size % heads:
-            msg.fail(f"--hidden-size ({hidden_size}) must be a multiple of --heads ({heads})", exits=1)
+            msg.fail(
+                f"--hidden-size ({hidden_size}) must be a multiple of --heads ({heads})", exits=1
+            )
         make_tiny_transformer(
             path,
             _corpus_texts(corpus),
@@ -58,13 +62,15 @@ def main(
         )
         (path / MARKER).write_text(json.dumps({"corpus": str(corpus), **settings}, indent=2))
         info.update(source="generated", corpus=str(corpus), **settings)
-        msg.good(f"Made a random-init BERT ({layers}x{hidden_size}) with a WordPiece vocab in {path}")
+        msg.good(
+            f"Made a random-init BERT ({layers}x{hidden_size}) with a WordPiece vocab in {path}"
+        )
     elif path.exists():
         info.update(source="local", **_hf_config(path))
         msg.good(f"Using the local transformer in {path}")
     else:
         info.update(source="hub")
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+        offline = "1" in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
         if offline:
             msg.warn(
                 f"'{name}' is not a local folder and HF_HUB_OFFLINE is set: training only works "

@@ -18,9 +18,15 @@ SIZES = ("default", "quick")
 
 def main(
     name: str = typer.Argument(..., help="Benchmark name: runs benchmarks/<name>.py"),
-    size: str = typer.Option("default", "--size", help="'default' sizes or 'quick' (the script's --quick)"),
-    python: str = typer.Option(sys.executable, "--python", help="Python to run it with (e.g. one with Flair)"),
-    benchmarks_dir: Path = typer.Option(Path("benchmarks"), "--benchmarks-dir", help="Folder of the benchmark scripts"),
+    size: str = typer.Option(
+        "default", "--size", help="'default' sizes or 'quick' (the script's --quick)"
+    ),
+    python: str = typer.Option(
+        sys.executable, "--python", help="Python to run it with (e.g. one with Flair)"
+    ),
+    benchmarks_dir: Path = typer.Option(
+        Path("benchmarks"), "--benchmarks-dir", help="Folder of the benchmark scripts"
+    ),
 ):
     """Run benchmarks/<name>.py [--quick] and check benchmarks/results/<name>.json."""
     if size not in SIZES:

@@ -21,6 +21,7 @@ import srsly
 from spacy import util
 from spacy.language import Language
 from spacy.tokens import Doc
+from spacy.util import SimpleFrozenList
 from thinc.api import Config
 from thinc.backends import get_array_ops
 from thinc.types import Ragged
@@ -61,9 +62,9 @@ def make_lean_cleaner(
     *,
     trf_data: bool = True,
     tensor: bool = True,
-    extensions: List[str] = [],
-    user_data_keys: List[str] = [],
-    consumers: List[str] = [],
+    extensions: List[str] = SimpleFrozenList(),
+    user_data_keys: List[str] = SimpleFrozenList(),
+    consumers: List[str] = SimpleFrozenList(),
     compact_vectors: Optional[str] = None,
     empty_cache_every: int = 0,
 ) -> "LeanCleaner":
@@ -270,10 +271,8 @@ class LeanCleaner:
         if after:
             raise ValueError(self._misplaced_message(my_name, position, names, after))
         # The cleaner declares `assigns` for analyze_pipes: it is not a producer.
-        producers = {
-            attr: [p for p in found if p != my_name]
-            for attr, found in find_producers(nlp, list(dict.fromkeys([TRF_DATA] + attrs))).items()
-        }
+        found = find_producers(nlp, list(dict.fromkeys([TRF_DATA] + attrs)))
+        producers = {attr: [p for p in ps if p != my_name] for attr, ps in found.items()}
         if self.cfg["trf_data"] or self.cfg["compact_vectors"]:
             if not producers.get(TRF_DATA):
                 what = ", ".join(a for a in self.released_attrs if a != TRF_DATA) or "nothing"

@@ -106,7 +106,9 @@ def _init_process_worker(settings: WorkerSettings, gpu_queue) -> None:
     _load_worker_pipeline(settings, gpu_id)
 
 
-def evaluate_unit(unit: EvalUnit, settings: WorkerSettings, gpu_id: Optional[int] = None) -> UnitResult:
+def evaluate_unit(
+    unit: EvalUnit, settings: WorkerSettings, gpu_id: Optional[int] = None
+) -> UnitResult:
     """Evaluate one unit with the streaming loop; runs in a worker.
 
     RETURNS (UnitResult): the unit's score state (as a dict) and counts.
@@ -126,7 +128,12 @@ def evaluate_unit(unit: EvalUnit, settings: WorkerSettings, gpu_id: Optional[int
     examples = read_examples(nlp, [unit.shard], gold_preproc=settings.gold_preproc, part=unit.part)
     state = evaluator.run(examples)
     return UnitResult(
-        unit.index, state.to_dict(), evaluator.n_examples, evaluator.n_words, oom_events, os.getpid()
+        unit.index,
+        state.to_dict(),
+        evaluator.n_examples,
+        evaluator.n_words,
+        oom_events,
+        os.getpid(),
     )
 
 
@@ -178,11 +185,15 @@ def run_units(
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}.")
     if backend == "ray":
-        return _run_ray(units, settings, workers, bool(gpu_ids), max_retries, ray_address, on_result, on_retry)
+        return _run_ray(
+            units, settings, workers, bool(gpu_ids), max_retries, ray_address, on_result, on_retry
+        )
     return _run_processes(units, settings, workers, list(gpu_ids), max_retries, on_result, on_retry)
 
 
-def _check_retries(attempts: Dict[int, int], units: List[EvalUnit], max_retries: int, why: str) -> None:
+def _check_retries(
+    attempts: Dict[int, int], units: List[EvalUnit], max_retries: int, why: str
+) -> None:
     for unit in units:
         attempts[unit.index] = attempts.get(unit.index, 0) + 1
     failed = [u for u in units if attempts[u.index] > max_retries]
@@ -219,7 +230,9 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
         )
         broken = None
         try:
-            futures = {executor.submit(evaluate_unit, unit, settings): unit for unit in pending.values()}
+            futures = {
+                executor.submit(evaluate_unit, unit, settings): unit for unit in pending.values()
+            }
             for future in as_completed(futures):
                 unit = futures[future]
                 try:

@@ -228,7 +228,9 @@ class StreamingEvaluator:
         if window_size is None:
             window_size = DEFAULT_WINDOW_BATCHES * batch_size
         if window_size < 0:
-            raise ValueError(f"window_size must be >= 0, got {window_size}. Use 0 to keep the input order.")
+            raise ValueError(
+                f"window_size must be >= 0, got {window_size}. Use 0 to keep the input order."
+            )
         self.nlp = nlp
         self.batch_size = batch_size
         self.sort_window = window_size > 1
@@ -272,7 +274,8 @@ class StreamingEvaluator:
             if skipped < skip:
                 raise CheckpointMismatchError(
                     f"The checkpoint has {skip} examples counted, but the data has only "
-                    f"{skipped}: it was made with other data. Delete the checkpoint to start over."
+                    f"{skipped}: it was made with other data. Delete the checkpoint to start "
+                    "over."
                 )
             self.n_examples += skip
         while True:
@@ -308,7 +311,9 @@ class StreamingEvaluator:
             pos = end
         self.state.update(scored)
 
-    def _batch_end(self, order: List[int], pos: int, lengths: List[int], mean_length: float) -> int:
+    def _batch_end(
+        self, order: List[int], pos: int, lengths: List[int], mean_length: float
+    ) -> int:
         """End of the batch starting at `pos`: at most `batch_size` docs and, when the
         window is sorted, at most the padded size of an average batch (`batch_size` x
         the mean doc length so far), so sorting never gathers the longest docs into one
@@ -654,7 +659,11 @@ class EvalCheckpoint:
         for what, key, value in (
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
-            ("another scorer configuration (or --per-component setting)", "scorer", state_fingerprint),
+            (
+                "another scorer configuration (or --per-component setting)",
+                "scorer",
+                state_fingerprint,
+            ),
             ("another number of workers", "layout", self.layout),
         ):
             if data.get(key) != value:
@@ -669,7 +678,9 @@ class EvalCheckpoint:
         self._saved_at_batch = int(data.get("n_batches", 0))
         state = data.get("state")
         return {
-            "state": PipelineScoreState.from_dict(state, nlp, scorer_cfg) if state is not None else None,
+            "state": (
+                PipelineScoreState.from_dict(state, nlp, scorer_cfg) if state is not None else None
+            ),
             "units": {int(k): v for k, v in (data.get("units") or {}).items()},
             "n_examples": int(data.get("n_examples", 0)),
             "n_batches": int(data.get("n_batches", 0)),
@@ -689,7 +700,8 @@ class EvalCheckpoint:
 
         state (PipelineScoreState): the merged state; with `units`, only its
             fingerprint is stored.
-        units (Optional[Dict[int, dict]]): finished units ({"state": to_dict(), "n_examples": n}), by index.
+        units (Optional[Dict[int, dict]]): finished units, by index, as
+            {"state": state.to_dict(), "n_examples": n}.
         """
         data = {
             "format": CHECKPOINT_FORMAT,
@@ -712,5 +724,7 @@ class EvalCheckpoint:
     def on_window(self, evaluator: StreamingEvaluator) -> None:
         """`StreamingEvaluator.run` hook: save once `every` batches have passed."""
         if evaluator.n_batches - self._saved_at_batch >= self.every:
-            self.save(evaluator.state, n_examples=evaluator.n_examples, n_batches=evaluator.n_batches)
+            self.save(
+                evaluator.state, n_examples=evaluator.n_examples, n_batches=evaluator.n_batches
+            )
             self._saved_at_batch = evaluator.n_batches

@@ -210,9 +210,36 @@ def test_cli_reports_out_of_memory_back_off(model_dir, shard_dir, tmp_path):
     model = tmp_path / "model"
     nlp.to_disk(model)
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    result = lean_evaluate(model, shard_dir / "a.spacy", "-b", "7", "-o", a, "--no-progress")
+    args = ["-b", "7", "--window-size", "0", "-o", a, "--no-progress"]
+    result = lean_evaluate(model, shard_dir / "a.spacy", *args)
     assert result.exit_code == 0, result.output
     assert "Out of GPU memory on a batch of 7 docs" in result.output
     assert "--batch-size 2" in result.output
     assert lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", b, "--no-progress").exit_code == 0
     assert without_speed(srsly.read_json(a)) == without_speed(srsly.read_json(b))
+
+
+@Language.factory("test_cli_custom_scored")
+def make_custom_scored(nlp, name):
+    return _CustomScored()
+
+
+class _CustomScored:
+    """A component with its own `score` method, which has no mergeable twin."""
+
+    def __call__(self, doc):
+        return doc
+
+    def score(self, examples, **kwargs):
+        return {"custom_docs": float(len(list(examples)))}
+
+
+def test_component_without_twin_is_named_with_the_fix(shard_dir, tmp_path):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("test_cli_custom_scored")
+    nlp.to_disk(tmp_path / "model")
+    out = tmp_path / "scores.json"
+    result = lean_evaluate(tmp_path / "model", shard_dir, "-o", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "test_cli_custom_scored" in result.output and "register_twin" in result.output
+    assert srsly.read_json(out)["custom_docs"] == 18.0

@@ -193,7 +193,7 @@ class OOMAbove:
 def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
     expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=8)
     oom = trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 3})
-    evaluator = StreamingEvaluator(trf_ner_nlp, batch_size=8, window_size=16)
+    evaluator = StreamingEvaluator(trf_ner_nlp, batch_size=8, window_size=0)
     with pytest.warns(ResourceWarning, match="Out of GPU memory on a batch of 8 docs"):
         evaluator.run(fresh_examples(trf_ner_nlp, gold_docs))
     assert evaluator.oom_events[:2] == [(8, 4), (4, 2)]
@@ -201,6 +201,23 @@ def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
     assert max(oom.batch_sizes) <= 3
     assert sum(oom.batch_sizes) == len(gold_docs)  # every doc scored once
     assert_same_scores(evaluator.state.result(), expected)
+
+
+def test_sorted_batches_respect_the_padded_budget(trf_ner_nlp, gold_docs):
+    recorder = trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 1000})
+    batches = []
+    real_pipe = recorder.pipe
+    recorder.pipe = lambda docs, batch_size=128: (
+        batches.append([len(d) for d in docs]) or real_pipe(docs, batch_size)
+    )
+    evaluator = StreamingEvaluator(trf_ner_nlp, batch_size=4, window_size=len(gold_docs))
+    evaluator.run(fresh_examples(trf_ner_nlp, gold_docs))
+    lengths = [len(d) for d in gold_docs]
+    budget = 4 * sum(lengths) / len(lengths)
+    assert sorted(n for batch in batches for n in batch) == sorted(lengths)
+    assert all(len(batch) <= 4 for batch in batches)
+    assert all(len(batch) == 1 or len(batch) * max(batch) <= budget for batch in batches)
+    assert any(len(batch) < 4 for batch in batches[:-1])  # the long docs were split off
 
 
 def test_oom_on_a_single_doc_is_raised(trf_ner_nlp, gold_docs):
@@ -226,15 +243,15 @@ def test_interrupted_and_resumed_equals_uninterrupted(trf_ner_nlp, gold_docs, tm
     nlp = trf_ner_nlp
     expected = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
     ckpt = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
-    first = StreamingEvaluator(nlp, batch_size=4, window_size=4)
+    first = StreamingEvaluator(nlp, batch_size=4, window_size=0)  # a window is a batch
     with pytest.raises(Interrupt):
         first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=ckpt.on_window)
     assert ckpt.n_saves == 2
     ckpt2 = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
-    second = StreamingEvaluator(nlp, batch_size=4, window_size=4)
+    second = StreamingEvaluator(nlp, batch_size=4, window_size=0)
     resumed = ckpt2.load(nlp, second.state.fingerprint)
     assert resumed["n_examples"] == 16 and not resumed["done"]
-    second = StreamingEvaluator(nlp, batch_size=4, window_size=4, state=resumed["state"])
+    second = StreamingEvaluator(nlp, batch_size=4, window_size=8, state=resumed["state"])
     second.run(fresh_examples(nlp, gold_docs), skip=resumed["n_examples"])
     assert second.n_examples == len(gold_docs)
     assert_same_scores(second.state.result(), expected)
@@ -358,3 +375,17 @@ def test_checkpoint_file_is_json(trf_ner_nlp, tmp_path):
     data = srsly.read_json(tmp_path / "c.json")
     assert data["format"] == "spacy-lean.eval-checkpoint.v1" and data["done"] is True
     assert not (tmp_path / "c.json.tmp").exists()
+
+
+@pytest.mark.gpu
+def test_parity_on_gpu(trf_ner_dir, gold_docs):
+    from thinc.api import require_gpu, use_ops
+
+    require_gpu(0)
+    try:
+        nlp = spacy.load(trf_ner_dir)
+        expected = nlp.evaluate(fresh_examples(nlp, gold_docs), batch_size=4)
+        ours = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
+        assert_same_scores(ours, expected)
+    finally:
+        use_ops("numpy")

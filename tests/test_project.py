@@ -57,13 +57,16 @@ def _copy_project(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "project.yml", dest / "project.yml")
     shutil.copytree(ROOT / "configs", dest / "configs")
-    shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return dest
 
 
 def _load_script(name: str):
     """Import scripts/<name>.py as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"project_{name}", ROOT / "scripts" / f"{name}.py")
+    path = ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"project_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -235,7 +238,8 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     docs = list(DocBin().from_disk(out_dir / "dev.spacy").get_docs(Vocab()))
     # -DOCSTART- lines written with 4 columns are document boundaries, not tokens.
     assert len(docs) == 2
-    assert [(e.text, e.label_) for e in docs[0].ents] == [("Ada Lindqvist", "PER"), ("Veldmark", "LOC")]
+    ents = [(e.text, e.label_) for e in docs[0].ents]
+    assert ents == [("Ada Lindqvist", "PER"), ("Veldmark", "LOC")]
     assert [s.text for s in docs[0].sents] == ["Ada Lindqvist visited Veldmark .", "She left ."]
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
@@ -274,7 +278,8 @@ def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer, monkeypa
     # Anything else is a Hub name, left to spacy-transformers.
     code, out = _invoke("make_transformer", ["roberta-base", corpus, "card.json"])
     assert code == 0, out
-    assert json.loads((tmp_path / "card.json").read_text()) == {"name": "roberta-base", "source": "hub"}
+    card = json.loads((tmp_path / "card.json").read_text())
+    assert card == {"name": "roberta-base", "source": "hub"}
     assert "HF_HUB_OFFLINE" in out
     assert not (tmp_path / "roberta-base").exists()
 
@@ -343,7 +348,8 @@ def test_all_workflow_runs_on_gpu(tmp_path):
 def _check_all_workflow(tmp_path, tiny_vars):
     project = _copy_project(tmp_path / "project")
     overrides = [arg for k, v in tiny_vars.items() for arg in (f"--vars.{k}", str(v))]
-    code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
+    command = ["-m", "spacy", "project", "run", "all", str(project), *overrides]
+    code, out = _run(command, cwd=tmp_path)
     assert code == 0, out[-4000:]
     card = json.loads((project / "training/transformer.json").read_text())
     assert card["source"] == "generated" and card["hidden_size"] == 16
@@ -365,9 +371,15 @@ def _check_all_workflow(tmp_path, tiny_vars):
     assert summary["agree"] is True
     assert "ents_f" in summary["scores"]
     # Nothing changed: a second run skips every step.
-    code, out = _run(["-m", "spacy", "project", "run", "all", str(project), *overrides], cwd=tmp_path)
+    code, out = _run(command, cwd=tmp_path)
     assert code == 0, out[-4000:]
     assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])
+    # Other settings: the shards are written again, none left from before.
+    reshard = ["-m", "spacy", "project", "run", "shard", str(project), *overrides,
+               "--vars.docs_per_shard", "20"]
+    code, out = _run(reshard, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert len(list((project / "corpus/shards/train").glob("*.spacy"))) == 2
 
 
 
@@ -452,7 +464,7 @@ def test_plot_draws_every_known_benchmark_and_skips_what_it_cannot(tmp_path):
     assert set(report["plots"]) == {f"{name}.json" for name in drawn}
     assert set(report["skipped"]) == {"notes.json", "broken.json"}
     for png in report["plots"].values():
-        assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / "png" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "png" / "plots.json").read_text()) == report
 
 

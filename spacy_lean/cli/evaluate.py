@@ -140,8 +140,11 @@ def evaluate_streaming_cli(
     if checkpoint is not None:
         from ..distributed import make_units
 
-        layout = "stream" if workers == 1 and backend == "processes" else _layout(make_units(shards, workers))
-        ckpt = _make_checkpoint(model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout)
+        single = workers == 1 and backend == "processes"
+        layout = "stream" if single else _layout(make_units(shards, workers))
+        ckpt = _make_checkpoint(
+            model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout
+        )
         try:
             resumed = ckpt.load(nlp, state.fingerprint)
         except CheckpointMismatchError as e:
@@ -179,7 +182,8 @@ def evaluate_streaming_cli(
             "(spacy convert / DocBin.to_disk writes .spacy files).",
             exits=1,
         )
-    msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({n_examples / max(elapsed, 1e-9):.1f} docs/s)")
+    rate = n_examples / max(elapsed, 1e-9)
+    msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} docs/s)")
     scores = state.result()
     _print_scores(scores, per_component=per_component, spans_key=spans_key, output=output)
     if output is not None:
@@ -196,7 +200,11 @@ def _visible_gpus(use_gpu: int) -> List[int]:
     except ImportError:  # pragma: no cover
         n = 0
     if n == 0:
-        msg.fail(f"--gpu-id {use_gpu} with --workers: no CUDA GPU is visible.", "Use --gpu-id -1 for CPU workers.", exits=1)
+        msg.fail(
+            f"--gpu-id {use_gpu} with --workers: no CUDA GPU is visible.",
+            "Use --gpu-id -1 for CPU workers.",
+            exits=1,
+        )
     return list(range(n))
 
 
@@ -226,7 +234,8 @@ def _model_fingerprint(model: str, nlp) -> str:
         try:
             path = util.get_package_path(model)
         except Exception:  # not an installed package: config and meta identify it
-            text = srsly.json_dumps({"config": nlp.config.to_str(), "meta": nlp.meta}, sort_keys=True)
+            cfg = {"config": nlp.config.to_str(), "meta": nlp.meta}
+            text = srsly.json_dumps(cfg, sort_keys=True)
             return hashlib.sha256(text.encode("utf8")).hexdigest()
     return path_fingerprint([path])
 
@@ -248,10 +257,20 @@ def _layout(units) -> str:
 def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initial: int = 0):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit=unit, disable=not progress, leave=False, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=unit,
+        disable=not progress,
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
-def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component, progress):
+def _run_single(
+    nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component,
+    progress,
+):
     from ..evaluate import StreamingEvaluator, read_examples
 
     skip = 0
@@ -261,7 +280,10 @@ def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, 
         skip = resumed["n_examples"]
         n_batches = resumed["n_batches"]
         if resumed["done"]:
-            msg.info(f"The checkpoint holds a finished evaluation of {skip} examples: showing its scores")
+            msg.info(
+                f"The checkpoint holds a finished evaluation of {skip} examples: showing "
+                "its scores"
+            )
             return state, skip
         msg.info(f"Resuming from the checkpoint: {skip} examples already counted")
     if ckpt is not None and window_size is None:
@@ -270,7 +292,10 @@ def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, 
         window_size = min(8 * size, ckpt.every * size)
 
     def on_oom(failed: int, new: int) -> None:
-        msg.warn(f"Out of GPU memory on a batch of {failed} docs: retrying it as batches of {new} (and using {new} from now on)")
+        msg.warn(
+            f"Out of GPU memory on a batch of {failed} docs: retrying it as batches of "
+            f"{new} (and using {new} from now on)"
+        )
 
     evaluator = StreamingEvaluator(
         nlp, batch_size=batch_size, window_size=window_size, per_component=per_component,
@@ -285,7 +310,8 @@ def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, 
             ckpt.on_window(ev)
 
     try:
-        evaluator.run(read_examples(nlp, shards, gold_preproc=gold_preproc), skip=skip, on_window=on_window)
+        examples = read_examples(nlp, shards, gold_preproc=gold_preproc)
+        evaluator.run(examples, skip=skip, on_window=on_window)
     finally:
         bar.close()
     if evaluator.oom_events:
@@ -294,13 +320,18 @@ def _run_single(nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, 
             f"{evaluator.batch_size}. Pass --batch-size {evaluator.batch_size} next time."
         )
     if ckpt is not None:
-        ckpt.save(evaluator.state, n_examples=evaluator.n_examples, n_batches=evaluator.n_batches, done=True)
+        ckpt.save(
+            evaluator.state,
+            n_examples=evaluator.n_examples,
+            n_batches=evaluator.n_batches,
+            done=True,
+        )
     return evaluator.state, evaluator.n_examples
 
 
 def _run_workers(
-    model, nlp, shards, state, ckpt, resumed, *, workers, backend, gpu_ids, ray_address, max_retries,
-    code_path, gold_preproc, batch_size, window_size, per_component, progress,
+    model, nlp, shards, state, ckpt, resumed, *, workers, backend, gpu_ids, ray_address,
+    max_retries, code_path, gold_preproc, batch_size, window_size, per_component, progress,
 ):
     import os
 
@@ -309,7 +340,10 @@ def _run_workers(
     units = make_units(shards, workers)
     done: Dict[int, Dict[str, Any]] = dict(resumed["units"]) if resumed else {}
     if done:
-        msg.info(f"Resuming from the checkpoint: {len(done)} of {len(units)} shards already evaluated")
+        msg.info(
+            f"Resuming from the checkpoint: {len(done)} of {len(units)} shards already "
+            "evaluated"
+        )
     todo = [u for u in units if u.index not in done]
     n_workers = min(workers, len(todo)) if todo else 0
     where = f"{len(gpu_ids)} GPU(s)" if gpu_ids else "CPU"
@@ -328,19 +362,24 @@ def _run_workers(
         done[unit.index] = {"state": result.state, "n_examples": result.n_examples}
         bar.update(result.n_examples)
         for failed, new in result.oom_events:
-            msg.warn(f"{unit.describe()}: out of GPU memory on a batch of {failed} docs, retried as batches of {new}")
+            msg.warn(
+                f"{unit.describe()}: out of GPU memory on a batch of {failed} docs, retried "
+                f"as batches of {new}"
+            )
         since_save += 1
         if ckpt is not None and since_save >= ckpt.every:
             ckpt.save(state, units=done)
             since_save = 0
 
     def on_retry(retry, why) -> None:
-        msg.warn(f"{why}; evaluating again: {', '.join(u.describe() for u in retry)} (nothing from them was counted)")
+        names = ", ".join(u.describe() for u in retry)
+        msg.warn(f"{why}; evaluating again: {names} (nothing from them was counted)")
 
     try:
         run_units(
             todo, settings, workers=max(1, n_workers), backend=backend, gpu_ids=gpu_ids,
-            max_retries=max_retries, ray_address=ray_address, on_result=on_result, on_retry=on_retry,
+            max_retries=max_retries, ray_address=ray_address, on_result=on_result,
+            on_retry=on_retry,
         )
     except WorkerDiedError as e:
         if ckpt is not None:
@@ -354,12 +393,17 @@ def _run_workers(
     return merged, sum(unit["n_examples"] for unit in done.values())
 
 
-def _print_scores(scores: Dict[str, Any], *, per_component: bool, spans_key: str, output: Optional[Path]) -> None:
+def _print_scores(
+    scores: Dict[str, Any], *, per_component: bool, spans_key: str, output: Optional[Path]
+) -> None:
     from spacy.cli.evaluate import handle_scores_per_type
 
     if per_component:
         if output is None:
-            msg.warn("The per-component option is enabled but there is no output JSON file provided to save the scores to.")
+            msg.warn(
+                "The per-component option is enabled but there is no output JSON file "
+                "provided to save the scores to."
+            )
         else:
             msg.info("Per-component scores will be saved to output JSON file.")
         return
