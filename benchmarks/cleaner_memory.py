@@ -34,10 +34,9 @@ MODES = {
     "tokenizer_only": "docs from the tokenizer alone: the docs' own memory",
     "stock": "transformer + ner, nothing released",
     "doc_cleaner": "spaCy's doc_cleaner (default attrs: tensor, _.trf_data) last",
-    "lean_cleaner": "lean_cleaner last, default settings",
-    "lean_cleaner_empty_cache": "lean_cleaner last, empty_cache_every = nlp.batch_size",
-    "lean_cleaner_compact16": "lean_cleaner last, compact_vectors = float16, "
-    "empty_cache_every = nlp.batch_size",
+    "lean_cleaner": "lean_cleaner last, default settings (trim_memory_every = 32)",
+    "lean_cleaner_no_trim": "lean_cleaner last, trim_memory_every = 0",
+    "lean_cleaner_compact16": "lean_cleaner last, compact_vectors = float16",
 }
 
 
@@ -65,7 +64,8 @@ def _malloc_trim() -> None:
 
 
 def run_child(
-    mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool, long_doc_rate: float
+    mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool, long_doc_rate: float,
+    empty_every: int = 0,
 ) -> dict:
     import gc
 
@@ -80,28 +80,32 @@ def run_child(
 
         set_gpu_allocator("pytorch")
         require_gpu(0)
-    # Time spent giving memory back (`empty_cache_every`), measured in the run.
+    # Time spent giving memory back (trim_memory_every/empty_cache_every), in the run.
     from spacy_lean import cleaner
 
-    empty_cache_time = [0.0]
-    empty = cleaner.empty_allocator_caches
+    give_back_time = [0.0]
 
-    def timed_empty():
-        start = time.perf_counter()
-        empty()
-        empty_cache_time[0] += time.perf_counter() - start
+    def timed(function):
+        def wrapper():
+            start = time.perf_counter()
+            function()
+            give_back_time[0] += time.perf_counter() - start
 
-    cleaner.empty_allocator_caches = timed_empty
+        return wrapper
+
+    cleaner.trim_host_memory = timed(cleaner.trim_host_memory)
+    cleaner.empty_gpu_caches = timed(cleaner.empty_gpu_caches)
     nlp = spacy.load(model_dir)
+    # On GPU, the cleaner modes also empty torch's cache (every batch by default).
+    gpu_cfg = {"empty_cache_every": empty_every or nlp.batch_size} if gpu else {}
     if mode == "doc_cleaner":
         nlp.add_pipe("doc_cleaner")
     elif mode == "lean_cleaner":
-        nlp.add_pipe("lean_cleaner")
-    elif mode == "lean_cleaner_empty_cache":
-        nlp.add_pipe("lean_cleaner", config={"empty_cache_every": nlp.batch_size})
+        nlp.add_pipe("lean_cleaner", config=gpu_cfg)
+    elif mode == "lean_cleaner_no_trim":
+        nlp.add_pipe("lean_cleaner", config={"trim_memory_every": 0, **gpu_cfg})
     elif mode == "lean_cleaner_compact16":
-        config = {"compact_vectors": "float16", "empty_cache_every": nlp.batch_size}
-        nlp.add_pipe("lean_cleaner", config=config)
+        nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float16", **gpu_cfg})
     blank = spacy.blank("en")
     texts = [d.text for d in synthetic.make_ner_docs(blank, n_docs, seed, long_doc_rate)]
     if mode == "tokenizer_only":
@@ -123,7 +127,7 @@ def run_child(
         gpu0 = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    empty_cache_time[0] = 0.0
+    give_back_time[0] = 0.0
     docs = run(texts)
     seconds = time.perf_counter() - start
     peak_kb = _status_kb("VmHWM") - rss0
@@ -147,7 +151,7 @@ def run_child(
         result["gpu_kept_kb"] = (torch.cuda.memory_allocated() - gpu0) // 1024
     if mode.startswith("lean_cleaner"):
         result["cleaner_stats"] = dict(nlp.get_pipe("lean_cleaner").stats)
-        result["empty_cache_seconds"] = round(empty_cache_time[0], 4)
+        result["give_back_seconds"] = round(give_back_time[0], 4)
     return result
 
 
@@ -167,12 +171,13 @@ def build_model(workdir: Path) -> Path:
     return model
 
 
-def measure(mode, n_docs, model, seed, gpu, repeats, long_doc_rate):
+def measure(mode, n_docs, model, seed, gpu, repeats, long_doc_rate, every):
     """Run one measurement in a fresh subprocess per repeat; keep the median."""
     results = []
     for _ in range(repeats):
         cmd = [sys.executable, __file__, "--child", mode, str(n_docs), str(model),
-               "--seed", str(seed), "--long-doc-rate", str(long_doc_rate)]
+               "--seed", str(seed), "--long-doc-rate", str(long_doc_rate),
+               "--empty-cache-every", str(every)]
         cmd += ["--gpu"] if gpu else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -187,6 +192,9 @@ def main():
                         help="three doc counts (default 100 400 1600; --quick 25 100 400)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per point (median)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--empty-cache-every", type=int, default=0,
+                        help="with CUDA: empty_cache_every of the lean_cleaner modes "
+                        "(default 0: nlp.batch_size)")
     parser.add_argument("--long-doc-rate", type=float, default=0.0,
                         help="share of 20-60 sentence docs (default 0: each batch then needs "
                         "about the same working memory, so the slope measures what is kept)")
@@ -202,7 +210,8 @@ def main():
 
     if args.child:
         mode, n_docs, model = args.child
-        result = run_child(mode, int(n_docs), model, args.seed, args.gpu, args.long_doc_rate)
+        result = run_child(mode, int(n_docs), model, args.seed, args.gpu, args.long_doc_rate,
+                           args.empty_cache_every)
         print(json.dumps(result))
         return
 
@@ -217,21 +226,25 @@ def main():
         rows = {}
         for mode in args.modes:
             rows[mode] = [
-                measure(mode, n, model, args.seed, gpu, args.repeats, args.long_doc_rate)
+                measure(mode, n, model, args.seed, gpu, args.repeats, args.long_doc_rate,
+                        args.empty_cache_every)
                 for n in sizes
             ]
             print(f"# {mode}: " + ", ".join(
                 f"{r['n_docs']} docs -> +{r['peak_rss_growth_kb'] / 1024:.1f} MB peak RSS"
                 for r in rows[mode]), file=sys.stderr)
 
-    def slope(points, key):
-        lo, hi = points[0], points[-1]
+    def slope(points, key, first=0):
+        lo, hi = points[first], points[-1]
         return (hi[key] - lo[key]) / (hi["n_docs"] - lo["n_docs"])
 
     summary = {}
     for mode, points in rows.items():
         entry = {
             "peak_rss_kb_per_doc": round(slope(points, "peak_rss_growth_kb"), 2),
+            # between the two largest sizes, where the batches' working memory has
+            # long reached its maximum
+            "peak_rss_kb_per_doc_largest_two": round(slope(points, "peak_rss_growth_kb", 1), 2),
             "rss_after_kb_per_doc": round(slope(points, "rss_after_kb"), 2),
             "kept_kb_per_doc": round(slope(points, "kept_kb"), 2),
             "tokens_per_doc": round(points[-1]["n_tokens"] / points[-1]["n_docs"], 1),
@@ -258,7 +271,7 @@ def main():
                     ratios[f"gpu_kept stock/{mode}"] = round(base / entry["gpu_kept_kb_per_doc"], 1)
     report = {
         "benchmark": "cleaner_memory",
-        "command": "python benchmarks/cleaner_memory.py" + (" --quick" if args.quick else ""),
+        "command": "python " + " ".join(["benchmarks/cleaner_memory.py"] + sys.argv[1:]),
         "what": "KB per kept doc (slope between the smallest and largest size) of "
         "docs = list(nlp.pipe(texts)), each point in a fresh process after a discarded "
         "warm-up pass over the same texts: peak_rss = growth of peak RSS (VmHWM); "
@@ -269,6 +282,7 @@ def main():
         "device": "cuda" if gpu else "cpu",
         "sizes": sizes,
         "long_doc_rate": args.long_doc_rate,
+        "empty_cache_every (CUDA only)": args.empty_cache_every or "nlp.batch_size (32)",
         "modes": {m: MODES[m] for m in rows},
         "summary": summary,
         "ratios": ratios,

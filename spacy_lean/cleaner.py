@@ -37,6 +37,7 @@ user_data_keys = []
 consumers = []
 compact_vectors = null
 empty_cache_every = 0
+trim_memory_every = 32
 """
 DEFAULT_CLEANER_CONFIG = Config().from_str(DEFAULT_CLEANER_CONFIG_STR)["lean_cleaner"]
 
@@ -67,6 +68,7 @@ def make_lean_cleaner(
     consumers: List[str] = SimpleFrozenList(),
     compact_vectors: Optional[str] = None,
     empty_cache_every: int = 0,
+    trim_memory_every: int = 32,
 ) -> "LeanCleaner":
     """Build a `LeanCleaner`, which releases heavy per-doc data no later component
     needs.
@@ -81,8 +83,10 @@ def make_lean_cleaner(
     compact_vectors (Optional[str]): "float16" or "float32" to keep, in `doc.tensor`,
         one vector per token: the mean of its wordpieces' last hidden layer rows, on
         CPU. None to keep nothing.
-    empty_cache_every (int): every this many docs, give the allocators' cached free
-        memory back (torch CUDA, cupy, and glibc's heap on Linux). 0 turns it off.
+    empty_cache_every (int): every this many docs, give the GPU allocators' cached
+        blocks back (torch's CUDA caching allocator, cupy's pools). 0 turns it off.
+    trim_memory_every (int): every this many docs, give the free pages of the host
+        heap back to the system (glibc's `malloc_trim`, Linux only). 0 turns it off.
     """
     return LeanCleaner(
         nlp,
@@ -94,6 +98,7 @@ def make_lean_cleaner(
         consumers=consumers,
         compact_vectors=compact_vectors,
         empty_cache_every=empty_cache_every,
+        trim_memory_every=trim_memory_every,
     )
 
 
@@ -118,6 +123,7 @@ class LeanCleaner:
         consumers: Sequence[str] = (),
         compact_vectors: Optional[str] = None,
         empty_cache_every: int = 0,
+        trim_memory_every: int = 32,
     ):
         """Initialize the cleaner.
 
@@ -137,6 +143,7 @@ class LeanCleaner:
                 "consumers": consumers,
                 "compact_vectors": compact_vectors,
                 "empty_cache_every": empty_cache_every,
+                "trim_memory_every": trim_memory_every,
             }
         )
         self.stats: Dict[str, int] = {}
@@ -144,6 +151,7 @@ class LeanCleaner:
         self._checked: Optional[Tuple[Tuple[str, int], ...]] = None
         self._warned: set = set()
         self._since_empty = 0
+        self._since_trim = 0
 
     # -- configuration -------------------------------------------------------
 
@@ -197,12 +205,13 @@ class LeanCleaner:
                 f"lean_cleaner: 'compact_vectors' must be null, \"float16\" or \"float32\", "
                 f"got {cfg['compact_vectors']!r}."
             )
-        every = cfg["empty_cache_every"]
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ValueError(
-                f"lean_cleaner: 'empty_cache_every' must be an integer >= 0 (0 turns it "
-                f"off), got {every!r}."
-            )
+        for key in ("empty_cache_every", "trim_memory_every"):
+            every = cfg[key]
+            if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+                raise ValueError(
+                    f"lean_cleaner: '{key}' must be an integer >= 0 (0 turns it off), "
+                    f"got {every!r}."
+                )
         return cfg
 
     @property
@@ -230,7 +239,8 @@ class LeanCleaner:
             "extensions": 0,  # extension values released
             "user_data": 0,  # user_data values released
             "compact_bytes": 0,  # bytes kept as compact vectors
-            "cache_empties": 0,  # times the allocators' caches were emptied
+            "cache_empties": 0,  # times the GPU allocators' caches were emptied
+            "memory_trims": 0,  # times the host heap's free pages were given back
         }
 
     # -- placement -----------------------------------------------------------
@@ -397,8 +407,15 @@ class LeanCleaner:
             self._since_empty += 1
             if self._since_empty >= every:
                 self._since_empty = 0
-                empty_allocator_caches()
+                empty_gpu_caches()
                 stats["cache_empties"] += 1
+        every = cfg["trim_memory_every"]
+        if every:
+            self._since_trim += 1
+            if self._since_trim >= every:
+                self._since_trim = 0
+                trim_host_memory()
+                stats["memory_trims"] += 1
 
     def _pool(self, doc: Doc, data: Any) -> Optional[numpy.ndarray]:
         """Mean of each token's wordpiece rows of the last hidden layer, on CPU."""
@@ -535,10 +552,9 @@ def _get_malloc_trim():
     return _malloc_trim
 
 
-def empty_allocator_caches() -> None:
-    """Give the allocators' cached free memory back: torch's CUDA caching allocator,
-    cupy's default memory pools (when those are in use), and free pages of glibc's
-    heap on Linux (`malloc_trim`). Never imports torch or cupy itself."""
+def empty_gpu_caches() -> None:
+    """Give the GPU allocators' cached blocks back: torch's CUDA caching allocator and
+    cupy's default memory pools, when those are in use. Never imports torch or cupy."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -549,6 +565,17 @@ def empty_allocator_caches() -> None:
             cupy.get_default_pinned_memory_pool().free_all_blocks()
         except Exception:  # pragma: no cover - cupy installed without a usable device
             pass
+
+
+def trim_host_memory() -> bool:
+    """Give the free pages of the host heap back to the system (glibc's
+    `malloc_trim(0)`). Freed batch tensors otherwise stay in the process, fragmented
+    by the small allocations of the docs that are kept.
+
+    RETURNS (bool): whether it could be done (False off glibc).
+    """
     trim = _get_malloc_trim()
     if trim:
         trim(0)
+        return True
+    return False

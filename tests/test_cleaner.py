@@ -291,6 +291,7 @@ def test_to_from_bytes_and_disk(trf_ner_nlp, texts, tmp_path):
         "user_data_keys": ["blob"],
         "compact_vectors": "float16",
         "empty_cache_every": 50,
+        "trim_memory_every": 0,
         "consumers": ["ner"],
     }
     cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config=config)
@@ -333,6 +334,7 @@ def test_from_bytes_rejects_bad_cfg():
         ({"extensions": "no_such_ext"}, TypeError, "'extensions' must be a list"),
         ({"compact_vectors": "float8"}, ValueError, "'float8'"),
         ({"empty_cache_every": -1}, ValueError, "'empty_cache_every'.*-1"),
+        ({"trim_memory_every": 1.5}, ValueError, "'trim_memory_every'.*1.5"),
         ({"trf_data": "yes"}, TypeError, "'trf_data'.*'yes'"),
         ({"user_data_keys": [3]}, TypeError, "got the item 3"),
     ],
@@ -404,14 +406,41 @@ def test_analyze_pipes_shows_what_it_removes(trf_ner_nlp):
     assert cleaner.released_attrs == ["doc._.trf_data", "doc.tensor"]
 
 
-def test_empty_cache_every(trf_ner_nlp, texts):
-    cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config={"empty_cache_every": 7})
+def test_empty_cache_and_trim_every(trf_ner_nlp, texts):
+    config = {"empty_cache_every": 7, "trim_memory_every": 10}
+    cleaner = trf_ner_nlp.add_pipe("lean_cleaner", config=config)
     list(trf_ner_nlp.pipe(texts[:30]))
     assert cleaner.stats["cache_empties"] == 30 // 7
-    off = LeanCleaner(None)
+    assert cleaner.stats["memory_trims"] == 3
+    off = LeanCleaner(None, trim_memory_every=0)
     for doc in trf_ner_nlp.tokenizer.pipe(texts[:30]):
         off(doc)
-    assert off.stats["cache_empties"] == 0
+    assert off.stats["cache_empties"] == off.stats["memory_trims"] == 0
+    assert LeanCleaner(None).cfg["trim_memory_every"] == 32
+
+
+def test_trim_host_memory_gives_pages_back():
+    import sys
+
+    from spacy_lean.cleaner import trim_host_memory
+
+    if not sys.platform.startswith("linux") or not trim_host_memory():
+        pytest.skip("needs glibc's malloc_trim")
+
+    def rss_kb():
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+
+    # Many mid-sized blocks (below glibc's mmap threshold, so on the heap), with
+    # small long-lived ones between them, as batch tensors and kept docs are.
+    blocks, keep = [], []
+    for _ in range(400):
+        blocks.append(bytearray(100_000))
+        keep.append(bytearray(64))
+    del blocks
+    before = rss_kb()
+    assert trim_host_memory()
+    assert rss_kb() < before - 10_000  # at least ~10 MB of the ~40 MB came back
 
 
 @pytest.mark.gpu
