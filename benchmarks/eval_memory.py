@@ -102,7 +102,7 @@ def child(mode: str, model: str, data: str, gpu_id: int, threads: int) -> dict:
         spacy.require_gpu(gpu_id)
     from spacy.training import Corpus
 
-    from spacy_lean.evaluate import evaluate, list_shards, read_examples
+    from spacy_lean.streaming import evaluate, list_shards, read_examples
 
     nlp = spacy.load(model)
     peak_load = peak_rss_mb()
@@ -153,7 +153,7 @@ def interleaved(model: str, data: str, gpu_id: int, threads: int, repeats: int) 
         spacy.require_gpu(gpu_id)
     from spacy.training import Corpus
 
-    from spacy_lean.evaluate import evaluate, list_shards, read_examples
+    from spacy_lean.streaming import evaluate, list_shards, read_examples
 
     nlp = spacy.load(model)
     nlp.evaluate(list(Corpus(data)(nlp))[:16])  # warm up

@@ -19,7 +19,6 @@ benchmarks/results for both).
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -288,4 +287,10 @@ def main(results_dir: Optional[str] = None, out_dir: Optional[str] = None) -> Di
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Draw a PNG for each benchmark JSON result.")
+    parser.add_argument("results_dir", nargs="?", default=None, help="default: benchmarks/results")
+    parser.add_argument("out_dir", nargs="?", default=None, help="default: the results folder")
+    args = parser.parse_args()
+    main(args.results_dir, args.out_dir)

@@ -113,7 +113,7 @@ def evaluate_unit(
 
     RETURNS (UnitResult): the unit's score state (as a dict) and counts.
     """
-    from .evaluate import StreamingEvaluator, read_examples
+    from .streaming import StreamingEvaluator, read_examples
 
     nlp = _load_worker_pipeline(settings, gpu_id if gpu_id is not None else _WORKER.get("gpu_id"))
     oom_events: List[Tuple[int, int]] = []
@@ -361,7 +361,7 @@ def evaluate_distributed(
     """
     import spacy
 
-    from .evaluate import list_shards, make_score_state
+    from .streaming import list_shards, make_score_state
 
     if isinstance(data, (str, Path)):
         shards = list_shards(data)

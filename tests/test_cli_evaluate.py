@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's app)
 from spacy_lean import synthetic
-from spacy_lean.evaluate import StreamingEvaluator
+from spacy_lean.streaming import StreamingEvaluator
 
 torch = pytest.importorskip("torch")
 

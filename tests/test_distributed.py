@@ -9,7 +9,7 @@ import spacy_lean.cli  # noqa: F401
 from spacy_lean import synthetic
 from spacy_lean._compat import has_ray
 from spacy_lean.distributed import EvalUnit, WorkerDiedError, evaluate_distributed, make_units
-from spacy_lean.evaluate import evaluate, list_shards, read_examples
+from spacy_lean.streaming import evaluate, list_shards, read_examples
 
 from spacy.cli._util import app  # noqa: E402
 

@@ -12,7 +12,7 @@ from spacy.training import Example
 from spacy.util import minibatch
 
 from spacy_lean import synthetic
-from spacy_lean.evaluate import (
+from spacy_lean.streaming import (
     CALLBACK_NAME,
     CheckpointMismatchError,
     EvalCheckpoint,
@@ -277,7 +277,7 @@ def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
 
 def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypatch):
     calls = []
-    import spacy_lean.evaluate as module
+    import spacy_lean.streaming as module
 
     real = module.evaluate
     monkeypatch.setattr(module, "evaluate", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
@@ -318,7 +318,7 @@ def _filled_config(config_text, tmp_path):
 
 @pytest.fixture
 def recorded_streaming(monkeypatch):
-    import spacy_lean.evaluate as module
+    import spacy_lean.streaming as module
 
     calls = []
     real = module.evaluate

@@ -109,7 +109,7 @@ def evaluate_streaming_cli(
 ) -> Dict[str, Any]:
     """The body of `spacy lean evaluate`; every user error ends in `msg.fail`."""
     from ..distributed import BACKENDS
-    from ..evaluate import CheckpointMismatchError, CorruptShardError, list_shards
+    from ..streaming import CheckpointMismatchError, CorruptShardError, list_shards
 
     for name, value, low in (
         ("--workers", workers, 1),
@@ -216,7 +216,7 @@ def _load_pipeline(model: str):
 
 
 def _make_state(nlp, per_component: bool):
-    from ..evaluate import make_score_state
+    from ..streaming import make_score_state
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -227,7 +227,7 @@ def _make_state(nlp, per_component: bool):
 
 
 def _model_fingerprint(model: str, nlp) -> str:
-    from ..evaluate import path_fingerprint
+    from ..streaming import path_fingerprint
 
     path = Path(model)
     if not path.exists():
@@ -241,7 +241,7 @@ def _model_fingerprint(model: str, nlp) -> str:
 
 
 def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
-    from ..evaluate import EvalCheckpoint, path_fingerprint
+    from ..streaming import EvalCheckpoint, path_fingerprint
 
     data_fp = path_fingerprint(shards) + (":gold_preproc" if gold_preproc else "")
     return EvalCheckpoint(
@@ -271,7 +271,7 @@ def _run_single(
     nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component,
     progress,
 ):
-    from ..evaluate import StreamingEvaluator, read_examples
+    from ..streaming import StreamingEvaluator, read_examples
 
     skip = 0
     n_batches = 0
