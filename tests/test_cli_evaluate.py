@@ -12,6 +12,8 @@ import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's app)
 from spacy_lean import synthetic
 from spacy_lean.streaming import StreamingEvaluator
 
+from eval_util import add_ruler, as_json, assert_same_scores  # noqa: E402
+
 torch = pytest.importorskip("torch")
 
 from spacy.cli._util import app  # noqa: E402
@@ -26,40 +28,6 @@ def lean_evaluate(*args):
 
 def without_speed(scores):
     return {k: v for k, v in scores.items() if k != "speed"}
-
-
-def as_json(scores):
-    return srsly.json_loads(srsly.json_dumps(scores))
-
-
-def assert_same_scores(ours, theirs, path="scores"):
-    """Same keys in the same order, None where spaCy has None, floats to 1e-12;
-    "speed" (a timing) is not compared."""
-    assert list(ours) == list(theirs), f"{path}: keys differ"
-    for key, value in theirs.items():
-        if key == "speed":
-            continue
-        if isinstance(value, dict):
-            assert_same_scores(ours[key], value, f"{path}.{key}")
-        elif isinstance(value, float):
-            assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
-        else:
-            assert ours[key] == value, f"{path}.{key}"
-
-
-def ruler_patterns():
-    """Entity patterns that get some entities right and some wrong, so that the
-    scores compared are not all zero (the fixture's ner is barely trained)."""
-    pats = [{"label": "PERSON", "pattern": p} for p in synthetic._PERSONS[:8]]
-    pats += [{"label": "ORG", "pattern": p} for p in synthetic._ORGS[:6]]
-    pats += [{"label": "ORG", "pattern": p} for p in synthetic._LOCS[:3]]  # wrong on purpose
-    pats += [{"label": "MISC", "pattern": p} for p in synthetic._MISC[:3]]
-    return pats
-
-
-def add_ruler(nlp):
-    nlp.add_pipe("entity_ruler", config={"overwrite_ents": True}).add_patterns(ruler_patterns())
-    return nlp
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """Evaluation across workers: 2 spawned CPU processes and a local Ray cluster give
 the numbers of one process; a worker that dies has its shards retried, counted once."""
+import functools
+
 import pytest
 import spacy
 import srsly
@@ -10,6 +12,11 @@ from spacy_lean import synthetic
 from spacy_lean._compat import has_ray
 from spacy_lean.distributed import EvalUnit, WorkerDiedError, evaluate_distributed, make_units
 from spacy_lean.streaming import evaluate, list_shards, read_examples
+
+import eval_util  # noqa: E402
+
+# Workers run in other processes: per-type label order follows their hash seed.
+assert_same_scores = functools.partial(eval_util.assert_same_scores, unordered_per_type=True)
 
 from spacy.cli._util import app  # noqa: E402
 
@@ -37,27 +44,6 @@ class CrashOnce:
             os._exit(3)
         return doc
 '''
-
-
-def assert_same_scores(ours, theirs, path="scores"):
-    """Same keys and numbers (floats to 1e-12; "speed" not compared). The order of
-    per-type dicts is not compared across processes: spaCy's own NER scorer orders
-    labels first met as missed gold entities by iterating a set of (label, start,
-    end), which follows the process's string-hash seed (PYTHONHASHSEED), so even
-    `nlp.evaluate` gives different orders in two processes."""
-    if path.endswith("_per_type"):
-        assert sorted(ours) == sorted(theirs), f"{path}: keys differ"
-    else:
-        assert list(ours) == list(theirs), f"{path}: keys differ"
-    for key, value in theirs.items():
-        if key == "speed":
-            continue
-        if isinstance(value, dict):
-            assert_same_scores(ours[key], value, f"{path}.{key}")
-        elif isinstance(value, float):
-            assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
-        else:
-            assert ours[key] == value, f"{path}.{key}"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The streaming evaluation loop: parity with `nlp.evaluate`, bounded memory,
 out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
+import functools
 import gc
 import tracemalloc
 import warnings
@@ -24,38 +25,13 @@ from spacy_lean.streaming import (
     make_strip_streaming_evaluate_v1,
 )
 
+import eval_util  # noqa: E402
+from eval_util import add_ruler  # noqa: E402
+
+# "speed" is a timing: only checked to be there.
+assert_same_scores = functools.partial(eval_util.assert_same_scores, speed="present")
+
 torch = pytest.importorskip("torch")
-
-
-def assert_same_scores(ours, theirs, path="scores"):
-    """Same keys in the same order, None where spaCy has None, floats to 1e-12.
-    "speed" is a timing and is only checked to be there."""
-    assert list(ours) == list(theirs), f"{path}: keys differ"
-    for key, value in theirs.items():
-        if key == "speed":
-            assert isinstance(ours[key], float)
-        elif isinstance(value, dict):
-            assert isinstance(ours[key], dict), f"{path}.{key}"
-            assert_same_scores(ours[key], value, f"{path}.{key}")
-        elif isinstance(value, float):
-            assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
-        else:
-            assert ours[key] == value, f"{path}.{key}"
-
-
-def ruler_patterns():
-    """Entity patterns that get some entities right and some wrong, so that the
-    scores compared are not all zero (the fixture's ner is barely trained)."""
-    pats = [{"label": "PERSON", "pattern": p} for p in synthetic._PERSONS[:8]]
-    pats += [{"label": "ORG", "pattern": p} for p in synthetic._ORGS[:6]]
-    pats += [{"label": "ORG", "pattern": p} for p in synthetic._LOCS[:3]]  # wrong on purpose
-    pats += [{"label": "MISC", "pattern": p} for p in synthetic._MISC[:3]]
-    return pats
-
-
-def add_ruler(nlp):
-    nlp.add_pipe("entity_ruler", config={"overwrite_ents": True}).add_patterns(ruler_patterns())
-    return nlp
 
 
 def fresh_examples(nlp, docs):
