@@ -13,7 +13,7 @@ model is loaded, since loading peaks higher; peak GPU memory on CUDA), RSS befor
 evaluating, docs/s of the evaluation, and the scores. Pairs run interleaved (the order
 alternates between repeats); ratios compare the two modes in the same run.
 
-    python benchmarks/eval_memory.py            # 100, 400, 1600 docs
+    python benchmarks/eval_memory.py            # 300, 1200, 4800 docs (each above one read-ahead window)
     python benchmarks/eval_memory.py --quick    # 25, 100, 400 docs
 Then, on the smallest set, both modes run alternating in one process (--interleaved N
 times each) for a throughput ratio less noisy than separate processes.
@@ -211,7 +211,7 @@ def main():
         else:
             print(json.dumps(child(*args.child, args.gpu_id, args.threads)))
         return
-    sizes = args.sizes or ([25, 100, 400] if args.quick else [100, 400, 1600])
+    sizes = args.sizes or ([25, 100, 400] if args.quick else [300, 1200, 4800])
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_memory_"))
     work.mkdir(parents=True, exist_ok=True)
     model, dev_dirs = build_assets(work, n_base=min(sizes), sizes=sizes)
