@@ -24,24 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
+
 APPROACHES = ["lean", "int64_tensor", "flair_textdataset"]
 BATCH_SIZE = 100
 BPTT = 250
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def make_text(data_dir: Path, n_mb: float) -> Path:
@@ -86,9 +73,9 @@ def child(approach: str, text_path: Path, dict_path: Path, work_dir: Path) -> di
 
     torch.set_num_threads(1)
     dictionary = CharDictionary(json.loads(dict_path.read_text(encoding="utf8")))
-    base_rss = _status("VmRSS")
-    base_anon = _status("RssAnon")
-    peak_reset = _reset_peak()
+    base_rss = proc_status("VmRSS")
+    base_anon = proc_status("RssAnon")
+    peak_reset = reset_peak()
     start = time.perf_counter()
     if approach == "lean":
         encoded = encode_texts([text_path], dictionary, work_dir / "lean_ids", progress=False)
@@ -123,9 +110,9 @@ def child(approach: str, text_path: Path, dict_path: Path, work_dir: Path) -> di
     else:
         raise ValueError(approach)
     seconds = time.perf_counter() - start
-    rss = _status("VmRSS") - base_rss
-    anon = _status("RssAnon") - base_anon
-    peak = _status("VmHWM") - base_rss
+    rss = proc_status("VmRSS") - base_rss
+    anon = proc_status("RssAnon") - base_anon
+    peak = proc_status("VmHWM") - base_rss
     return {
         "approach": approach,
         "n_chars": n_chars,

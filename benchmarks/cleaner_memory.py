@@ -56,11 +56,9 @@ def _reset_peak() -> bool:
 
 
 def _malloc_trim() -> None:
-    from spacy_lean.cleaner import _get_malloc_trim
+    from spacy_lean.memory import trim_host_memory
 
-    trim = _get_malloc_trim()
-    if trim:
-        trim(0)
+    trim_host_memory()
 
 
 def run_child(

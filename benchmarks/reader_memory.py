@@ -23,35 +23,19 @@ import sys
 import time
 from pathlib import Path
 
+from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
+
 MODES = ["spacy_listed", "spacy_streamed", "lean_streaming", "lean_compact"]
-
-
-def _proc_status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _held() -> int:
     """Resident bytes after a collection and after glibc returns freed heap to the OS
     (so the figure is what the process holds, not what its allocator keeps cached)."""
-    gc.collect()
-    try:
-        import ctypes
+    from spacy_lean.memory import trim_host_memory
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    return _proc_status("VmRSS")
+    gc.collect()
+    trim_host_memory()
+    return proc_status("VmRSS")
 
 
 def make_corpus(data_dir: Path, n_tokens: int) -> Path:
@@ -85,7 +69,7 @@ def worker(mode: str, path: Path) -> dict:
 
     nlp = spacy.blank("en")
     base = _held()
-    peak_ok = _reset_peak()
+    peak_ok = reset_peak()
     out = {"mode": mode}
     start = time.perf_counter()
     n_docs = n_tokens = 0
@@ -116,7 +100,7 @@ def worker(mode: str, path: Path) -> dict:
         seconds = time.perf_counter() - start
     else:
         raise ValueError(mode)
-    peak = _proc_status("VmHWM") - base if peak_ok else None
+    peak = proc_status("VmHWM") - base if peak_ok else None
     out.update(
         docs=n_docs,
         tokens=n_tokens,

@@ -10,8 +10,6 @@ or `user_data` key you name) from each doc as it leaves the pipeline. Unlike spa
 `doc_cleaner` it knows which components read the data, and raises an error instead
 of silently breaking them when it is placed before one of them.
 """
-import ctypes
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -27,6 +25,7 @@ from thinc.backends import get_array_ops
 from thinc.types import Ragged
 
 from .consumers import TENSOR, TRF_DATA, Consumer, find_consumers, find_producers
+from .memory import empty_gpu_caches, trim_host_memory
 
 DEFAULT_CLEANER_CONFIG_STR = """
 [lean_cleaner]
@@ -535,47 +534,3 @@ def _nbytes(obj: Any, _depth: int = 0) -> int:
     return 0
 
 
-_malloc_trim = None
-
-
-def _get_malloc_trim():
-    global _malloc_trim
-    if _malloc_trim is None:
-        _malloc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                _malloc_trim = ctypes.CDLL(None).malloc_trim
-                _malloc_trim.argtypes = [ctypes.c_size_t]
-                _malloc_trim.restype = ctypes.c_int
-            except (OSError, AttributeError):  # not glibc (e.g. musl)
-                _malloc_trim = False
-    return _malloc_trim
-
-
-def empty_gpu_caches() -> None:
-    """Give the GPU allocators' cached blocks back: torch's CUDA caching allocator and
-    cupy's default memory pools, when those are in use. Never imports torch or cupy."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            cupy.get_default_memory_pool().free_all_blocks()
-            cupy.get_default_pinned_memory_pool().free_all_blocks()
-        except Exception:  # pragma: no cover - cupy installed without a usable device
-            pass
-
-
-def trim_host_memory() -> bool:
-    """Give the free pages of the host heap back to the system (glibc's
-    `malloc_trim(0)`). Freed batch tensors otherwise stay in the process, fragmented
-    by the small allocations of the docs that are kept.
-
-    RETURNS (bool): whether it could be done (False off glibc).
-    """
-    trim = _get_malloc_trim()
-    if trim:
-        trim(0)
-        return True
-    return False

@@ -11,7 +11,6 @@ the `spacy lean evaluate` command, its checkpoints and its workers.
 import hashlib
 import itertools
 import os
-import sys
 import types
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ from spacy.training import Corpus, Example, validate_examples
 from spacy.util import registry
 
 from ._compat import has_cupy, has_torch
+from .memory import empty_gpu_caches, trim_host_memory
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
 STRIP_CALLBACK_NAME = "spacy-lean.strip_streaming_evaluate.v1"
@@ -65,43 +65,6 @@ def cuda_oom_errors() -> Tuple[type, ...]:
 
         errors.append(cupy.cuda.memory.OutOfMemoryError)
     return tuple(errors)
-
-
-def _free_gpu_cache() -> None:
-    if has_torch:
-        import torch
-
-        if torch.cuda.is_available():  # pragma: no cover - needs CUDA
-            torch.cuda.empty_cache()
-    if has_cupy:  # pragma: no cover - needs cupy
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
-
-
-_LIBC: Any = None
-
-
-def release_heap() -> None:
-    """Give memory freed by the C heap back to the OS (glibc's `malloc_trim`; a
-    no-op elsewhere). Without it, glibc keeps the pages each batch's activations
-    freed, and the process's resident memory creeps up batch after batch although
-    nothing is alive (measured: ~20 MB per batch until a plateau, for a 4-layer BERT)."""
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = False
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-                import ctypes.util
-
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                if hasattr(libc, "malloc_trim"):
-                    _LIBC = libc
-            except OSError:  # pragma: no cover - not glibc
-                pass
-    if _LIBC:
-        _LIBC.malloc_trim(0)
 
 
 def _release_activations(doc: Doc) -> None:
@@ -219,7 +182,7 @@ class StreamingEvaluator:
         on_oom (Optional[Callable[[int, int], None]]): called with (failed batch size,
             new batch size) when a batch ran out of GPU memory. Defaults to a warning.
         trim_heap (bool): after each batch, give the memory the C heap freed back to
-            the OS (`release_heap`), so resident memory stays flat.
+            the OS (`spacy_lean.memory.trim_host_memory`), so resident memory stays flat.
         """
         if batch_size is None:
             batch_size = nlp.batch_size
@@ -335,7 +298,7 @@ class StreamingEvaluator:
             if len(batch) <= 1:
                 raise
         # Outside the except block, so the failed attempt's frames (and tensors) are freed.
-        _free_gpu_cache()
+        empty_gpu_caches()
         half = (len(batch) + 1) // 2
         self.oom_events.append((len(batch), half))
         self.batch_size = min(self.batch_size, half)
@@ -365,7 +328,7 @@ class StreamingEvaluator:
         self.n_words += n_words
         self.n_batches += 1
         if self.trim_heap:
-            release_heap()
+            trim_host_memory()
         return copies
 
 

@@ -13,6 +13,7 @@ from spacy.training import Example
 from spacy.training.augment import dont_augment
 from spacy.util import registry
 
+from ..memory import trim_host_memory
 from .lengths import WordpieceCounter
 from .shards import (
     check_rank,
@@ -363,7 +364,9 @@ class LeanCorpus:
         self._compact_chunks = chunks
         self._compact_stats = stats
         self._report(stats)
-        _release_free_memory()
+        # Give the heap the build pass freed back, so the compact corpus's resident
+        # size is what it holds, not what it once used.
+        trim_host_memory()
 
     def _restore_buffer(
         self, nlp: Language, refs: Sequence[Sequence[int]]
@@ -539,17 +542,6 @@ class CorpusStream:
             yield out[1]
         if not corpus.compact:
             corpus._report(stats)
-
-
-def _release_free_memory() -> None:
-    """Give the heap that the build pass freed back to the OS (glibc only), so that
-    the compact corpus's resident size is what it holds, not what it once used."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _jsonable_rng(state: Any) -> Any:
