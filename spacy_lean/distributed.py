@@ -113,7 +113,8 @@ def evaluate_unit(
 
     RETURNS (UnitResult): the unit's score state (as a dict) and counts.
     """
-    from .streaming import StreamingEvaluator, read_examples
+    from .corpus.sources import read_examples
+    from .streaming import StreamingEvaluator
 
     nlp = _load_worker_pipeline(settings, gpu_id if gpu_id is not None else _WORKER.get("gpu_id"))
     oom_events: List[Tuple[int, int]] = []
@@ -361,7 +362,8 @@ def evaluate_distributed(
     """
     import spacy
 
-    from .streaming import list_shards, make_score_state
+    from .corpus.sources import list_shards
+    from .streaming import make_score_state
 
     if isinstance(data, (str, Path)):
         shards = list_shards(data)

@@ -8,14 +8,13 @@ activations, whatever the size of the dev set. The same loop backs the
 `[nlp.after_pipeline_creation]` callback (so `spacy train` and `spacy evaluate` stream),
 the `spacy lean evaluate` command, its checkpoints and its workers.
 """
-import hashlib
 import itertools
 import os
 import types
 import warnings
 from pathlib import Path
 from timeit import default_timer as timer
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy
 import srsly
@@ -23,10 +22,12 @@ from spacy.errors import Errors
 from spacy.language import Language
 from spacy.scorer import Scorer
 from spacy.tokens import Doc
-from spacy.training import Corpus, Example, validate_examples
+from spacy.training import Example, validate_examples
 from spacy.util import registry
 
 from ._compat import has_cupy, has_torch
+# Data is read by spacy_lean.corpus.sources; these names stay importable from here.
+from .corpus.sources import CorruptShardError, list_shards, read_examples  # noqa: F401
 from .memory import empty_gpu_caches, trim_host_memory
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
@@ -38,10 +39,6 @@ DEFAULT_WINDOW_BATCHES = 8
 # Doc extensions that hold (views of) a whole batch's activations. They are released
 # as soon as a doc has been through the pipeline: no built-in scorer reads them.
 _ACTIVATION_EXTENSIONS = ("trf_data",)
-
-
-class CorruptShardError(ValueError):
-    """A data file could not be read."""
 
 
 class CheckpointMismatchError(ValueError):
@@ -466,96 +463,6 @@ def make_strip_streaming_evaluate_v1() -> Callable[[Language], Language]:
 
 
 # ---------------------------------------------------------------------------------
-# Data: .spacy files, folders of shards, .jsonl; read lazily, one shard at a time.
-
-def list_shards(path: Union[str, Path]) -> List[Path]:
-    """The data files of an evaluation set, in the order spaCy reads them (see
-    `spacy_lean.corpus.shards.list_shards`).
-
-    path (Union[str, Path]): a .spacy file, a .jsonl file, or a folder of either
-        (searched recursively, hidden files skipped, sorted).
-    RETURNS (List[Path]): the files.
-    """
-    from .corpus.shards import list_shards as list_corpus_shards
-
-    return list_corpus_shards(path)
-
-
-def _read_docs(shard: Path, nlp: Language) -> Iterator[Doc]:
-    from .corpus.shards import iter_shard_docs
-
-    docs = iter_shard_docs(shard, nlp.vocab, nlp=nlp)
-    while True:
-        try:
-            doc = next(docs)
-        except StopIteration:
-            return
-        except (ValueError, OSError) as e:
-            raise CorruptShardError(str(e)) from e
-        yield doc
-
-
-def read_examples(
-    nlp: Language,
-    shards: Iterable[Union[str, Path]],
-    *,
-    gold_preproc: bool = False,
-    part: Tuple[int, int] = (0, 1),
-) -> Iterator[Example]:
-    """Yield evaluation examples from data files, reading one file at a time, made as
-    `spacy evaluate` makes them (`spacy.Corpus`, no length limit).
-
-    nlp (Language): the pipeline (vocab and tokenizer).
-    shards (Iterable[Path]): files from `list_shards`.
-    gold_preproc (bool): use gold tokens and sentences, as `spacy evaluate -G`.
-    part (Tuple[int, int]): (k, n): yield only the k-th of n contiguous, near-equal
-        parts of the examples (splits one file among workers; reads it whole).
-    RETURNS (Iterator[Example]): the examples.
-    """
-    for shard in shards:
-        shard = Path(shard)
-        corpus = Corpus(shard, gold_preproc=gold_preproc)
-        ref_docs = (doc for doc in _read_docs(shard, nlp) if len(doc))
-        if gold_preproc:
-            examples = corpus.make_examples_gold_preproc(nlp, ref_docs)
-        else:
-            examples = corpus.make_examples(nlp, ref_docs)
-        if part == (0, 1):
-            yield from examples
-        else:
-            k, n = part
-            examples = list(examples)
-            start, end = (len(examples) * k) // n, (len(examples) * (k + 1)) // n
-            yield from examples[start:end]
-
-
-def path_fingerprint(paths: Iterable[Union[str, Path]], sample_bytes: int = 1 << 20) -> str:
-    """A hash of files (or folders, walked) from their names, sizes and contents.
-
-    Files up to 8 MiB are hashed whole; larger ones by their size and their first,
-    middle and last `sample_bytes`.
-    RETURNS (str): a hex digest.
-    """
-    digest = hashlib.sha256()
-    for root in paths:
-        root = Path(root)
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            rel = path.name if path == root else path.relative_to(root).as_posix()
-            size = path.stat().st_size
-            digest.update(f"{rel}\0{size}\0".encode("utf8"))
-            with path.open("rb") as file_:
-                if size <= 8 * sample_bytes:
-                    for chunk in iter(lambda: file_.read(sample_bytes), b""):
-                        digest.update(chunk)
-                else:
-                    for offset in (0, size // 2, size - sample_bytes):
-                        file_.seek(offset)
-                        digest.update(file_.read(sample_bytes))
-    return digest.hexdigest()
-
-
-# ---------------------------------------------------------------------------------
 # Checkpoints: the score state and the position in the stream, saved atomically.
 
 
@@ -579,7 +486,8 @@ class EvalCheckpoint:
         """Initialise the checkpoint.
 
         path (Union[str, Path]): the JSON file.
-        model_fingerprint (str): identifies the pipeline (see `path_fingerprint`).
+        model_fingerprint (str): identifies the pipeline (see
+            `spacy_lean.corpus.sources.path_fingerprint`).
         data_fingerprint (str): identifies the data.
         layout (str): "stream" for one process, else a description of the units.
         every (int): save every `every` batches (at the end of a window).

@@ -11,7 +11,8 @@ import spacy_lean.cli  # noqa: F401
 from spacy_lean import synthetic
 from spacy_lean._compat import has_ray
 from spacy_lean.distributed import EvalUnit, WorkerDiedError, evaluate_distributed, make_units
-from spacy_lean.streaming import evaluate, list_shards, read_examples
+from spacy_lean.corpus.sources import list_shards, read_examples
+from spacy_lean.streaming import evaluate
 
 import eval_util  # noqa: E402
 

@@ -109,7 +109,8 @@ def evaluate_streaming_cli(
 ) -> Dict[str, Any]:
     """The body of `spacy lean evaluate`; every user error ends in `msg.fail`."""
     from ..distributed import BACKENDS
-    from ..streaming import CheckpointMismatchError, CorruptShardError, list_shards
+    from ..corpus.sources import CorruptShardError, list_shards
+    from ..streaming import CheckpointMismatchError
 
     for name, value, low in (
         ("--workers", workers, 1),
@@ -227,7 +228,7 @@ def _make_state(nlp, per_component: bool):
 
 
 def _model_fingerprint(model: str, nlp) -> str:
-    from ..streaming import path_fingerprint
+    from ..corpus.sources import path_fingerprint
 
     path = Path(model)
     if not path.exists():
@@ -241,7 +242,8 @@ def _model_fingerprint(model: str, nlp) -> str:
 
 
 def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
-    from ..streaming import EvalCheckpoint, path_fingerprint
+    from ..corpus.sources import path_fingerprint
+    from ..streaming import EvalCheckpoint
 
     data_fp = path_fingerprint(shards) + (":gold_preproc" if gold_preproc else "")
     return EvalCheckpoint(
@@ -271,7 +273,8 @@ def _run_single(
     nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component,
     progress,
 ):
-    from ..streaming import StreamingEvaluator, read_examples
+    from ..corpus.sources import read_examples
+    from ..streaming import StreamingEvaluator
 
     skip = 0
     n_batches = 0

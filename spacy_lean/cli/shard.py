@@ -21,7 +21,7 @@ def shard_cli(
 ):
     """Write a corpus as .spacy shards of N docs each, for `spacy-lean.Corpus.v1`.
     Streams: one input file and one output shard in memory at a time."""
-    from ..corpus.shards import write_shards
+    from ..corpus import write_shards
 
     try:
         written = write_shards(

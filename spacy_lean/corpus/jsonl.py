@@ -18,12 +18,11 @@ naming the file, the line and the span.
 """
 
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
+import srsly
 from spacy.language import Language
 from spacy.tokens import Doc, Span
-
-from .shards import read_jsonl_lines
 
 
 def iter_jsonl_docs(
@@ -32,6 +31,22 @@ def iter_jsonl_docs(
     """Yield one Doc per non-blank line of a .jsonl file, streaming."""
     for line_no, record in read_jsonl_lines(Path(path)):
         yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
+
+
+def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
+    """(line number, record) for each non-blank line, with errors that name the line."""
+    with Path(path).open("r", encoding="utf8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = srsly.json_loads(line)
+            except ValueError as err:
+                raise ValueError(
+                    f"{path}:{i}: not valid JSON ({err}). Each line of a .jsonl corpus "
+                    "must be one JSON object."
+                ) from err
+            yield i, record
 
 
 def doc_from_record(

@@ -15,16 +15,9 @@ from spacy.util import registry
 
 from ..memory import trim_host_memory
 from .lengths import WordpieceCounter
-from .shards import (
-    check_rank,
-    count_shard_docs,
-    default_rank_and_size,
-    docbin_add,
-    docbin_docs,
-    iter_shard_docs,
-    list_shards,
-    split_among,
-)
+from .docbin import docbin_add, docbin_docs
+from .shards import check_rank, default_rank_and_size, split_among
+from .sources import count_shard_docs, iter_shard_docs, list_shards
 from .split import DocSplitter, SplitStats, check_max_length
 
 logger = logging.getLogger("spacy_lean.corpus")

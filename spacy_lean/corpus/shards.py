@@ -1,81 +1,15 @@
-"""Finding corpus files, reading them one shard at a time, and sharing them out
-among workers."""
+"""Sharing corpus files out among workers, and writing a corpus as shards."""
 
 import os
-import zlib
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import List, Sequence, Tuple, TypeVar, Union
 
-import srsly
-from spacy.tokens import Doc, DocBin
-from spacy.vocab import Vocab
+from spacy.tokens import DocBin
 
-FORMATS = {".spacy": "spacy", ".jsonl": "jsonl"}
+from .docbin import docbin_add
+from .sources import iter_shard_docs, list_shards
+
 T = TypeVar("T")
-
-
-def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Path]:
-    """The corpus files at `path`, in the order spaCy reads them: `path` itself when
-    it is a file, else every file below it (recursively, skipping names that start
-    with "."), sorted.
-
-    path (str / Path): a .spacy or .jsonl file, or a folder of them.
-    suffix (Optional[str]): ".spacy" or ".jsonl"; None infers it from what is there.
-    RETURNS (List[Path]): the files.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"Corpus path not found: '{path}'. Check the path (e.g. [paths.train] in "
-            "your config, or --paths.train on the command line)."
-        )
-    if path.is_file():
-        fmt = detect_format(path)
-        if suffix is not None and not path.name.endswith(suffix):
-            raise ValueError(
-                f"Corpus file '{path}' is {fmt}, but the reader was asked for {suffix} files."
-            )
-        return [path]
-    found = {s: [] for s in FORMATS}  # type: dict
-    for root, dirs, files in os.walk(path, followlinks=True):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if name.startswith("."):
-                continue
-            for s in FORMATS:
-                if name.endswith(s):
-                    found[s].append(Path(root) / name)
-    if suffix is None:
-        present = [s for s in FORMATS if found[s]]
-        if not present:
-            raise ValueError(
-                f"No corpus files found in '{path}': expected .spacy or .jsonl files "
-                "(folders are walked recursively; names starting with '.' are skipped)."
-            )
-        if len(present) > 1:
-            raise ValueError(
-                f"'{path}' holds both .spacy and .jsonl files. Set the reader's "
-                "file_format to 'spacy' or 'jsonl' to say which to read."
-            )
-        suffix = present[0]
-    elif suffix not in FORMATS:
-        raise ValueError(f"Unknown corpus format {suffix!r}: use '.spacy' or '.jsonl'.")
-    if not found[suffix]:
-        raise ValueError(f"No {suffix} files found in '{path}'.")
-    return sorted(found[suffix])
-
-
-def detect_format(path: Union[str, Path]) -> str:
-    """'spacy' or 'jsonl', from a file's suffix."""
-    path = Path(path)
-    for suffix, fmt in FORMATS.items():
-        if path.name.endswith(suffix):
-            return fmt
-    raise ValueError(
-        f"Unknown corpus format for '{path}': expected a .spacy file (DocBin), a .jsonl "
-        'file (one JSON object with a "text" key per line) or a folder of them. '
-        "Convert other formats with `python -m spacy convert`."
-    )
 
 
 def split_among(items: Sequence[T], rank: int, n: int) -> List[T]:
@@ -121,105 +55,6 @@ def default_rank_and_size() -> Tuple[int, int]:
                 "instance_rank and num_instances in the reader's config."
             ) from None
     return 0, 1
-
-
-def read_docbin(path: Union[str, Path]) -> DocBin:
-    """Load a .spacy file, with an error that names the file when it is not a DocBin.
-    Note: DocBin reads and decompresses the whole file; docs are decoded lazily."""
-    path = Path(path)
-    try:
-        return DocBin(store_user_data=True).from_disk(path)
-    except (zlib.error, ValueError, KeyError, TypeError, EOFError) as err:
-        raise ValueError(
-            f"Could not read '{path}' as a .spacy file (DocBin): {type(err).__name__}: "
-            f"{err}. The file is corrupt or not a DocBin; re-create it with "
-            "DocBin.to_disk, `python -m spacy convert` or `python -m spacy lean shard`."
-        ) from err
-
-
-def iter_shard_docs(
-    path: Path, vocab: Vocab, jsonl_options: Optional[dict] = None, nlp=None
-) -> Iterator[Doc]:
-    """Yield the docs of one shard, in stored order (empty docs included)."""
-    fmt = detect_format(path)
-    if fmt == "spacy":
-        doc_bin = read_docbin(path)
-        try:
-            yield from docbin_docs(doc_bin, vocab)
-        except (KeyError, ValueError, IndexError) as err:
-            raise ValueError(
-                f"Could not decode a doc in '{path}' ({type(err).__name__}: {err}). The "
-                "file is corrupt or was written with a different spaCy version."
-            ) from err
-    else:
-        from .jsonl import iter_jsonl_docs
-
-        if nlp is None:
-            raise ValueError("Reading .jsonl needs the nlp object (for its tokenizer).")
-        yield from iter_jsonl_docs(nlp, path, **(jsonl_options or {}))
-
-
-_EMPTY_MSGPACK_MAP = b"\x80"
-
-
-def docbin_docs(doc_bin: DocBin, vocab: Vocab) -> Iterator[Doc]:
-    """`doc_bin.get_docs(vocab)` with the docs' user data, decoding only the user data
-    of docs that have some (srsly's decoder costs ~2 ms a call, even for an empty map:
-    more than decoding the doc)."""
-    user_data = doc_bin.user_data
-    if not user_data:
-        yield from doc_bin.get_docs(vocab)
-        return
-    doc_bin.user_data = []
-    try:
-        for i, doc in enumerate(doc_bin.get_docs(vocab)):
-            data = user_data[i] if i < len(user_data) else None
-            if data and data != _EMPTY_MSGPACK_MAP:
-                doc.user_data.update(srsly.msgpack_loads(data, use_list=False))
-            yield doc
-    finally:
-        doc_bin.user_data = user_data
-
-
-def docbin_add(doc_bin: DocBin, doc: Doc) -> None:
-    """`doc_bin.add(doc)`, encoding the user data only when there is some."""
-    if not doc_bin.store_user_data or doc.user_data:
-        doc_bin.add(doc)
-        return
-    doc_bin.store_user_data = False
-    try:
-        doc_bin.add(doc)
-    finally:
-        doc_bin.store_user_data = True
-    doc_bin.user_data.append(_EMPTY_MSGPACK_MAP)
-
-
-def count_shard_docs(path: Path) -> int:
-    """How many docs (records) a shard holds."""
-    if detect_format(path) == "spacy":
-        return len(read_docbin(path))
-    n = 0
-    with Path(path).open("rb") as f:
-        for line in f:
-            if line.strip():
-                n += 1
-    return n
-
-
-def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
-    """(line number, record) for each non-blank line, with errors that name the line."""
-    with Path(path).open("r", encoding="utf8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = srsly.json_loads(line)
-            except ValueError as err:
-                raise ValueError(
-                    f"{path}:{i}: not valid JSON ({err}). Each line of a .jsonl corpus "
-                    "must be one JSON object."
-                ) from err
-            yield i, record
 
 
 def write_shards(

@@ -1,0 +1,218 @@
+"""The one place that reads data: finding the files of a corpus (a .spacy or .jsonl
+file, or a folder of them), reading their docs one file at a time, making examples
+from them, and fingerprinting them. Training (`spacy-lean.Corpus.v1`), evaluation
+(`spacy lean evaluate`, `spacy_lean.evaluate`), its workers and checkpoints, and
+`spacy lean shard` all read through here."""
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator, List, Optional, Tuple, Union
+
+from spacy.language import Language
+from spacy.tokens import Doc
+from spacy.training import Corpus, Example
+from spacy.vocab import Vocab
+
+from .docbin import CorruptShardError, docbin_docs, read_docbin
+from .jsonl import iter_jsonl_docs
+
+__all__ = [
+    "CorruptShardError",
+    "FORMATS",
+    "count_shard_docs",
+    "detect_format",
+    "iter_shard_docs",
+    "list_shards",
+    "path_fingerprint",
+    "read_examples",
+]
+
+FORMATS = {".spacy": "spacy", ".jsonl": "jsonl"}
+
+
+def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Path]:
+    """The corpus files at `path`, in the order spaCy reads them: `path` itself when
+    it is a file, else every file below it (recursively, skipping names that start
+    with "."), sorted.
+
+    path (str / Path): a .spacy or .jsonl file, or a folder of them.
+    suffix (Optional[str]): ".spacy" or ".jsonl"; None infers it from what is there.
+    RETURNS (List[Path]): the files.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Corpus path not found: '{path}'. Check the path (e.g. [paths.train] in "
+            "your config, or --paths.train on the command line)."
+        )
+    if path.is_file():
+        fmt = detect_format(path)
+        if suffix is not None and not path.name.endswith(suffix):
+            raise ValueError(
+                f"Corpus file '{path}' is {fmt}, but the reader was asked for {suffix} files."
+            )
+        return [path]
+    found = {s: [] for s in FORMATS}  # type: dict
+    for root, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.startswith("."):
+                continue
+            for s in FORMATS:
+                if name.endswith(s):
+                    found[s].append(Path(root) / name)
+    if suffix is None:
+        present = [s for s in FORMATS if found[s]]
+        if not present:
+            raise ValueError(
+                f"No corpus files found in '{path}': expected .spacy or .jsonl files "
+                "(folders are walked recursively; names starting with '.' are skipped)."
+            )
+        if len(present) > 1:
+            raise ValueError(
+                f"'{path}' holds both .spacy and .jsonl files. Set the reader's "
+                "file_format to 'spacy' or 'jsonl' to say which to read."
+            )
+        suffix = present[0]
+    elif suffix not in FORMATS:
+        raise ValueError(f"Unknown corpus format {suffix!r}: use '.spacy' or '.jsonl'.")
+    if not found[suffix]:
+        raise ValueError(f"No {suffix} files found in '{path}'.")
+    return sorted(found[suffix])
+
+
+def detect_format(path: Union[str, Path]) -> str:
+    """'spacy' or 'jsonl', from a file's suffix."""
+    path = Path(path)
+    for suffix, fmt in FORMATS.items():
+        if path.name.endswith(suffix):
+            return fmt
+    raise ValueError(
+        f"Unknown corpus format for '{path}': expected a .spacy file (DocBin), a .jsonl "
+        'file (one JSON object with a "text" key per line) or a folder of them. '
+        "Convert other formats with `python -m spacy convert`."
+    )
+
+
+def iter_shard_docs(
+    path: Union[str, Path],
+    vocab: Vocab,
+    jsonl_options: Optional[dict] = None,
+    nlp: Optional[Language] = None,
+) -> Iterator[Doc]:
+    """Yield the docs of one data file, in stored order (empty docs included).
+
+    path (str / Path): a .spacy or .jsonl file.
+    vocab (Vocab): the vocab the docs are made with.
+    jsonl_options (Optional[dict]): keyword arguments for `iter_jsonl_docs`.
+    nlp (Optional[Language]): the tokenizer, needed for .jsonl files.
+    RAISES (CorruptShardError): the file cannot be read; the message names it.
+    """
+    path = Path(path)
+    if detect_format(path) == "jsonl" and nlp is None:
+        raise ValueError("Reading .jsonl needs the nlp object (for its tokenizer).")
+    docs = _raw_docs(path, vocab, jsonl_options, nlp)
+    while True:
+        try:
+            doc = next(docs)
+        except StopIteration:
+            return
+        except CorruptShardError:
+            raise
+        except (ValueError, OSError) as err:
+            raise CorruptShardError(str(err)) from err
+        yield doc
+
+
+def _raw_docs(
+    path: Path, vocab: Vocab, jsonl_options: Optional[dict], nlp: Optional[Language]
+) -> Iterator[Doc]:
+    if detect_format(path) == "jsonl":
+        yield from iter_jsonl_docs(nlp, path, **(jsonl_options or {}))  # type: ignore[arg-type]
+        return
+    doc_bin = read_docbin(path)
+    try:
+        yield from docbin_docs(doc_bin, vocab)
+    except (KeyError, ValueError, IndexError) as err:
+        raise CorruptShardError(
+            f"Could not decode a doc in '{path}' ({type(err).__name__}: {err}). The "
+            "file is corrupt or was written with a different spaCy version."
+        ) from err
+
+
+def count_shard_docs(path: Union[str, Path]) -> int:
+    """How many docs (records) a data file holds, empty ones included."""
+    path = Path(path)
+    if detect_format(path) == "spacy":
+        return len(read_docbin(path))
+    n = 0
+    with path.open("rb") as f:
+        for line in f:
+            if line.strip():
+                n += 1
+    return n
+
+
+def read_examples(
+    nlp: Language,
+    shards: Iterable[Union[str, Path]],
+    *,
+    gold_preproc: bool = False,
+    part: Tuple[int, int] = (0, 1),
+) -> Iterator[Example]:
+    """Yield evaluation examples from data files, reading one file at a time, made as
+    `spacy evaluate` makes them (`spacy.Corpus`, no length limit; empty docs skipped).
+
+    nlp (Language): the pipeline (vocab and tokenizer).
+    shards (Iterable[Path]): files from `list_shards`.
+    gold_preproc (bool): use gold tokens and sentences, as `spacy evaluate -G`.
+    part (Tuple[int, int]): (k, n): yield only the k-th of n contiguous, near-equal
+        parts of the examples (splits one file among workers; reads it whole).
+    RETURNS (Iterator[Example]): the examples.
+    """
+    for shard in shards:
+        shard = Path(shard)
+        corpus = Corpus(shard, gold_preproc=gold_preproc)
+        ref_docs = (doc for doc in iter_shard_docs(shard, nlp.vocab, nlp=nlp) if len(doc))
+        if gold_preproc:
+            examples = corpus.make_examples_gold_preproc(nlp, ref_docs)
+        else:
+            examples = corpus.make_examples(nlp, ref_docs)
+        if part == (0, 1):
+            yield from examples
+        else:
+            k, n = part
+            examples = list(examples)
+            start, end = (len(examples) * k) // n, (len(examples) * (k + 1)) // n
+            yield from examples[start:end]
+
+
+def path_fingerprint(paths: Iterable[Union[str, Path]], sample_bytes: int = 1 << 20) -> str:
+    """A hash of files (or folders, walked) from their names, sizes and contents, for
+    checkpoints: resuming on other data is refused.
+
+    Files up to 8 x `sample_bytes` are hashed whole; larger ones by their size and
+    their first, middle and last `sample_bytes`.
+
+    paths (Iterable[Path]): files or folders.
+    sample_bytes (int): bytes hashed per sample of a large file.
+    RETURNS (str): a hex digest.
+    """
+    digest = hashlib.sha256()
+    for root in paths:
+        root = Path(root)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            rel = path.name if path == root else path.relative_to(root).as_posix()
+            size = path.stat().st_size
+            digest.update(f"{rel}\0{size}\0".encode("utf8"))
+            with path.open("rb") as file_:
+                if size <= 8 * sample_bytes:
+                    for chunk in iter(lambda: file_.read(sample_bytes), b""):
+                        digest.update(chunk)
+                else:
+                    for offset in (0, size // 2, size - sample_bytes):
+                        file_.seek(offset)
+                        digest.update(file_.read(sample_bytes))
+    return digest.hexdigest()
