@@ -1,6 +1,4 @@
 """The character LM, its dictionary, and the Flair checkpoint format."""
-import io
-import pickle
 import pickletools
 import zipfile
 from pathlib import Path
@@ -10,7 +8,7 @@ import pytest
 import torch
 
 from spacy_lean.charlm import CharDictionary, CharLM
-from spacy_lean.charlm import flair_format
+from spacy_lean.charlm import flair_format, safe_torch
 
 DATA = Path(__file__).parent / "data" / "charlm"
 
@@ -215,10 +213,10 @@ def test_not_a_language_model(tmp_path):
 def test_pickled_dictionary_round_trips_through_plain_pickle(dictionary):
     """The stand-in class pickles as flair.data.Dictionary and reads back through
     the restricted unpickler."""
-    buf = io.BytesIO()
-    flair_format._FlairPickler(buf, protocol=4).dump(dictionary.to_flair_state())
-    assert b"flair.data" in buf.getvalue() and b"Dictionary" in buf.getvalue()
-    state = flair_format._FlairUnpickler(io.BytesIO(buf.getvalue())).load()
-    assert CharDictionary.from_flair_state(state) == dictionary
-    with pytest.raises(pickle.UnpicklingError):
-        flair_format._FlairUnpickler(io.BytesIO(pickle.dumps(_Evil()))).load()
+    data = flair_format.checkpoint_to_bytes({"dictionary": dictionary.to_flair_state()})
+    assert b"flair.data" in data and b"Dictionary" in data
+    loaded = safe_torch.load(data, flair_format._FLAIR_GLOBALS, what="a dictionary")
+    assert CharDictionary.from_flair_state(loaded["dictionary"]) == dictionary
+    evil = flair_format.checkpoint_to_bytes({"dictionary": _Evil()})
+    with pytest.raises(safe_torch.CheckpointError, match="builtins.print"):
+        safe_torch.load(evil, flair_format._FLAIR_GLOBALS, what="a dictionary")

@@ -6,11 +6,13 @@ settings of the model (`is_forward_lm`, `hidden_size`, `nlayers`, `embedding_siz
 written by older Flair versions lack the last three) and `dictionary`, a pickled
 `flair.data.Dictionary` whose `idx2item` holds UTF-8 encoded characters.
 
-Loading goes through `torch.load` with a restricted unpickler: it accepts only the
-globals such a file contains (tensor rebuild functions, `OrderedDict`,
-`_codecs.encode`) and maps `flair.data.Dictionary` to the stand-in class below, so
-reading a checkpoint cannot run code. (torch's own `weights_only` unpickler cannot
-be used: it rejects the protocol-4 FRAME opcode of Flair's files.) Writing pickles the
+Loading goes through `safe_torch.load`: `torch.load` reads the container, but every
+pickle in the file (legacy-format headers included) goes through a restricted
+unpickler that accepts only the globals such a file contains (tensor rebuild
+functions, `OrderedDict`, `_codecs.encode`, ..., each checking its arguments) and maps
+`flair.data.Dictionary` to the stand-in class below, so reading a checkpoint cannot
+run code. (torch's own `weights_only` unpickler cannot be used: it rejects the
+protocol-4 FRAME opcode of Flair's files.) Writing pickles the
 stand-in as `flair.data.Dictionary` with Flair's attributes, so
 `flair.models.LanguageModel.load_language_model` reads our files.
 """
@@ -18,9 +20,11 @@ import io
 import pickle
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
+
+from . import safe_torch
 
 FLAIR_DICTIONARY_GLOBAL = ("flair.data", "Dictionary")
 
@@ -46,7 +50,15 @@ class FlairDictionaryState:
     def __init__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: Any) -> None:
+        # Called by the restricted unpickler: keep plain attributes only.
+        if type(state) is tuple and len(state) == 2 and state[1] is None:
+            state = state[0]
+        if type(state) is not dict or not all(type(key) is str for key in state):
+            raise pickle.UnpicklingError(
+                f"the pickled flair.data.Dictionary has a state of {type(state).__name__}, "
+                "not a dict of attributes"
+            )
         self.__dict__.update(state)
 
 
@@ -73,45 +85,10 @@ _flair_pickle_module.Pickler = _FlairPickler  # type: ignore[attr-defined]
 _flair_pickle_module.dump = pickle.dump  # type: ignore[attr-defined] # legacy-format headers
 
 
-# Everything a Flair LanguageModel checkpoint names. Storage classes (`torch.FloatStorage`
-# ...) are resolved by torch's own unpickler wrapper before `find_class` is reached.
-_ALLOWED_GLOBALS = {
-    ("collections", "OrderedDict"),
-    # Protocol-2 pickles (torch.save's default, so older Flair files) store the
-    # dictionary's bytes items as `_codecs.encode(text, "latin1")`.
-    ("_codecs", "encode"),
-    ("torch._utils", "_rebuild_tensor"),
-    ("torch._utils", "_rebuild_tensor_v2"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._utils", "_rebuild_parameter_with_state"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy", "dtype"),
-}
-
-
-class _FlairUnpickler(pickle.Unpickler):
-    """Unpickler that maps `flair.data.Dictionary` to `FlairDictionaryState` and refuses
-    every global a LanguageModel checkpoint has no reason to name."""
-
-    def find_class(self, module: str, name: str):
-        if (module, name) == FLAIR_DICTIONARY_GLOBAL:
-            return FlairDictionaryState
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"the checkpoint names '{module}.{name}', which a Flair LanguageModel file "
-            "does not contain; refusing to load it"
-        )
-
-
-_flair_unpickle_module = types.ModuleType("spacy_lean_flair_unpickle")
-_flair_unpickle_module.Unpickler = _FlairUnpickler  # type: ignore[attr-defined]
-_flair_unpickle_module.load = pickle.load  # type: ignore[attr-defined] # legacy-format headers
+# What a Flair LanguageModel checkpoint may name: tensors and plain containers, and
+# Flair's character dictionary (read into the stand-in above, never importing flair).
+_FLAIR_GLOBALS = safe_torch.allowed_globals({FLAIR_DICTIONARY_GLOBAL: FlairDictionaryState})
+CHECKPOINT_KIND = "a Flair LanguageModel checkpoint"
 
 
 def dictionary_state(idx2item: List[str], add_unk: bool = True) -> FlairDictionaryState:
@@ -137,8 +114,13 @@ def decode_items(state: Any) -> List[str]:
             f"The checkpoint's 'dictionary' has no 'idx2item' (got {type(state).__name__}); "
             "is this a Flair LanguageModel file?"
         )
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(i, (bytes, str)) for i in raw):
+        raise ValueError(
+            "The checkpoint's dictionary 'idx2item' must be a list of characters (bytes or "
+            f"str), got {type(raw).__name__}; is this a Flair LanguageModel file?"
+        )
     return [
-        item.decode("utf-8", errors="surrogateescape") if isinstance(item, bytes) else str(item)
+        item.decode("utf-8", errors="surrogateescape") if isinstance(item, bytes) else item
         for item in raw
     ]
 
@@ -156,37 +138,37 @@ def checkpoint_to_bytes(checkpoint: Dict[str, Any]) -> bytes:
 
 
 def load_checkpoint(
-    path_or_bytes: Union[str, Path, bytes], map_location: Any = "cpu"
+    path_or_bytes: Union[str, Path, bytes], map_location: Any = "cpu",
+    name: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Read a Flair LanguageModel checkpoint (from a path or bytes) without flair.
+    """Read a Flair LanguageModel checkpoint (from a path or bytes) without flair,
+    and without running code from it.
 
+    path_or_bytes (Union[str, Path, bytes]): the checkpoint file or its content.
+    map_location: where to put the tensors (a device or its name).
+    name (Optional[str]): how to call the checkpoint in errors (default: its path).
     RETURNS (Dict[str, Any]): the checkpoint dict, with defaults filled in for keys
         older Flair versions did not write, and `dictionary` as a `FlairDictionaryState`.
     """
-    if isinstance(path_or_bytes, bytes):
-        source: Any = io.BytesIO(path_or_bytes)
-    elif Path(path_or_bytes).exists():
-        source = str(path_or_bytes)
-    else:
-        raise FileNotFoundError(f"Character LM checkpoint not found: {path_or_bytes}")
-    try:
-        checkpoint = torch.load(
-            source, map_location=map_location, pickle_module=_flair_unpickle_module,
-            weights_only=False,  # our restricted unpickler below does the checking
-        )
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"Could not read {path_or_bytes!r} as a Flair LanguageModel checkpoint: {err}"
-        ) from err
+    if not isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        name = name or str(path_or_bytes)
+        if not Path(path_or_bytes).exists():
+            raise FileNotFoundError(f"Character LM checkpoint not found: {path_or_bytes}")
+    checkpoint = safe_torch.load(
+        path_or_bytes, _FLAIR_GLOBALS, what=CHECKPOINT_KIND, name=name,
+        map_location=map_location,
+    )
+    shown = name or "the checkpoint"
     if not isinstance(checkpoint, dict):
-        raise ValueError(
-            f"Expected a Flair LanguageModel checkpoint (a dict), got {type(checkpoint).__name__}"
+        raise safe_torch.CheckpointError(
+            f"{shown} is not {CHECKPOINT_KIND}: expected a dict, got "
+            f"{type(checkpoint).__name__}"
         )
     missing = [key for key in _REQUIRED_KEYS if key not in checkpoint]
     if missing:
-        raise ValueError(
-            f"Not a Flair LanguageModel checkpoint: missing keys {missing} "
-            f"(found {sorted(checkpoint)})"
+        raise safe_torch.CheckpointError(
+            f"{shown} is not {CHECKPOINT_KIND}: missing keys {missing} "
+            f"(found {sorted(map(str, checkpoint))})"
         )
     for key, value in _SETTING_DEFAULTS.items():
         checkpoint.setdefault(key, value)

@@ -33,6 +33,8 @@ META_FILE = "ids.json"
 FORMAT = "spacy-lean.charlm-ids.v1"
 LOADER_STATE_VERSION = 1
 _N_CODEPOINTS = 0x110000
+# The dtypes `id_dtype` chooses (stored by name in the metadata).
+_ID_DTYPES = frozenset({"uint8", "uint16", "int32"})
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -199,7 +201,16 @@ class EncodedText:
             raise ValueError(
                 f"Unknown encoded-text format in {meta_path}: {self.meta.get('format')!r}"
             )
-        self.dtype = np.dtype(self.meta["dtype"])
+        # The ids are memory-mapped with this dtype: only plain unsigned/signed ints
+        # (an object dtype would read file bytes as pointers).
+        dtype_name = self.meta.get("dtype")
+        ok = isinstance(dtype_name, str) and dtype_name in _ID_DTYPES
+        self.dtype = np.dtype(dtype_name) if ok else None
+        if self.dtype is None:
+            raise ValueError(
+                f"Unsupported id dtype {dtype_name!r} in {meta_path}; expected one of "
+                f"{sorted(_ID_DTYPES)}. Delete {self.path} to encode the text again."
+            )
         self.n_chars = int(self.meta["n_chars"])
         self.vocab_size = int(self.meta["vocab_size"])
         self.ids = np.memmap(

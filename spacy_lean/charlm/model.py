@@ -268,10 +268,14 @@ class CharLM(nn.Module):
         return flair_format.checkpoint_to_bytes(self.to_checkpoint())
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Dict[str, object], has_decoder: bool = True) -> "CharLM":
+    def from_checkpoint(
+        cls, checkpoint: Dict[str, object], has_decoder: bool = True, name: str = "the checkpoint"
+    ) -> "CharLM":
         has_decoder = bool(checkpoint.get("has_decoder", True)) and has_decoder
+        dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
+        _check_settings(checkpoint, len(dictionary), name)
         model = cls(
-            dictionary=CharDictionary.from_flair_state(checkpoint["dictionary"]),
+            dictionary=dictionary,
             is_forward_lm=bool(checkpoint["is_forward_lm"]),
             hidden_size=int(checkpoint["hidden_size"]),
             nlayers=int(checkpoint["nlayers"]),
@@ -300,8 +304,48 @@ class CharLM(nn.Module):
         has_decoder (bool): False drops the output layer (not needed for embeddings).
         RETURNS (CharLM): the model, in eval mode.
         """
-        return cls.from_checkpoint(flair_format.load_checkpoint(path, map_location), has_decoder)
+        checkpoint = flair_format.load_checkpoint(path, map_location)
+        return cls.from_checkpoint(checkpoint, has_decoder, name=str(path))
 
     @classmethod
-    def from_bytes(cls, data: bytes, map_location="cpu", has_decoder: bool = True) -> "CharLM":
-        return cls.from_checkpoint(flair_format.load_checkpoint(data, map_location), has_decoder)
+    def from_bytes(
+        cls, data: bytes, map_location="cpu", has_decoder: bool = True,
+        name: str = "the character LM bytes",
+    ) -> "CharLM":
+        """Read a checkpoint from bytes (`to_bytes`); `name` is how errors call it."""
+        checkpoint = flair_format.load_checkpoint(data, map_location, name=name)
+        return cls.from_checkpoint(checkpoint, has_decoder, name=name)
+
+
+def _check_settings(checkpoint: Dict[str, object], n_chars: int, name: str) -> None:
+    """The settings must be numbers that agree with the tensors in the file, so that a
+    hostile file cannot make us allocate a model far larger than itself."""
+    state = checkpoint["state_dict"]
+    if not isinstance(state, dict) or not all(
+        type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise ValueError(f"{name}: 'state_dict' must map parameter names to tensors.")
+    sizes = {key: checkpoint.get(key) for key in ("hidden_size", "nlayers", "embedding_size")}
+    nout = checkpoint.get("nout")
+    if not all(type(v) is int and v >= 1 for v in sizes.values()) or not (
+        nout is None or (type(nout) is int and nout >= 1)
+    ):
+        raise ValueError(f"{name}: the settings {sizes} (nout={nout!r}) must be positive ints.")
+    hidden, nlayers, emb = sizes["hidden_size"], sizes["nlayers"], sizes["embedding_size"]
+    expected = {
+        "encoder.weight": (n_chars, emb),
+        "proj.weight": (nout, hidden) if nout is not None else None,
+    }
+    for layer in range(min(nlayers, len(state) + 1)):
+        expected[f"rnn.weight_hh_l{layer}"] = (None, hidden)
+    for key, shape in expected.items():
+        tensor = state.get(key)
+        if shape is None or (tensor is not None and tensor.dim() == 2 and all(
+                want is None or want == got for want, got in zip(shape, tensor.shape))):
+            continue
+        got = tuple(tensor.shape) if tensor is not None else "missing"
+        raise ValueError(
+            f"{name}: the settings (hidden_size={hidden}, nlayers={nlayers}, "
+            f"embedding_size={emb}, nout={nout}, {n_chars} characters) do not match the "
+            f"tensor '{key}' ({got})."
+        )

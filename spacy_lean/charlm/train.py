@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.nn import functional as F
 
+from . import safe_torch
 from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts
 from .model import CharDictionary, CharLM
 
@@ -332,8 +333,11 @@ class _Trainer:
                     f"Cannot resume: no {STATE_FILE} and {MODEL_FILE} in {output_dir}. "
                     "Run without --resume to start training."
                 )
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-            if state.get("version") != TRAIN_STATE_VERSION:
+            # Restricted: tensors and plain containers only, nothing in it can run code.
+            state = safe_torch.load(
+                state_path, safe_torch.allowed_globals(), what="a train-charlm training state"
+            )
+            if not isinstance(state, dict) or state.get("version") != TRAIN_STATE_VERSION:
                 raise ValueError(f"Unsupported training state version in {state_path}.")
             model = CharLM.load(output_dir / MODEL_FILE, map_location="cpu")
             if model.is_forward_lm != model_kwargs["is_forward_lm"]:
