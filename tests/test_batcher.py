@@ -1,8 +1,11 @@
 """spacy-lean.batch_by_tokens.v1: budget, nothing dropped, padding, fixed count."""
 
+import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import spacy
 from spacy.training import Example
 from spacy.training.batchers import minibatch_by_padded_size
@@ -25,10 +28,20 @@ def check_batches(items, batches, budget):
         assert padded <= budget or len(batch) == 1
 
 
+def window_of(items, window):
+    """Index of the read-ahead window each item falls in, by identity."""
+    return {id(x): i // window for i, x in enumerate(items)}
+
+
+def padding(batches):
+    padded = sum(max(len(x) for x in b) * len(b) for b in batches)
+    return 1 - sum(len(x) for b in batches for x in b) / padded
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_nothing_dropped_budget_kept(seed):
     items = long_tailed(3000, seed)
-    batcher = TokenBudgetBatcher(size=2000, window=500, seed=seed)
+    batcher = TokenBudgetBatcher(size=2000, window=500, seed=seed, padding_scope="batch")
     batches = list(batcher(items))
     check_batches(items, batches, 2000)
     stats = batcher.stats
@@ -45,7 +58,7 @@ def test_nothing_dropped_budget_kept(seed):
 
 def test_max_padding_one_fills_batches():
     items = long_tailed(3000, 5)
-    tight = TokenBudgetBatcher(size=2000, window=3000)
+    tight = TokenBudgetBatcher(size=2000, window=3000, padding_scope="batch")
     full = TokenBudgetBatcher(size=2000, window=3000, max_padding=1.0)
     check_batches(items, list(full(items)), 2000)
     list(tight(items))
@@ -135,8 +148,119 @@ def test_registered_and_resolves_from_config():
         ({"window": 0}, "window must be >= 1"),
         ({"count": -1}, "count must be >= 0"),
         ({"max_padding": 1.5}, "max_padding must be in"),
+        ({"padding_scope": "epoch"}, "padding_scope must be 'window' or 'batch', got 'epoch'"),
     ],
 )
 def test_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TokenBudgetBatcher(**kwargs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_window_scope_keeps_each_windows_padding(seed):
+    items = long_tailed(3000, seed)
+    batcher = TokenBudgetBatcher(size=2000, window=700, seed=seed)
+    batches = list(batcher(items))
+    check_batches(items, batches, 2000)
+    where = window_of(items, 700)
+    by_window = {}
+    for batch in batches:
+        windows = {where[id(x)] for x in batch}
+        assert len(windows) == 1  # a batch never mixes windows
+        by_window.setdefault(windows.pop(), []).append(batch)
+    assert sorted(by_window) == list(range(5))
+    for window_batches in by_window.values():
+        assert padding(window_batches) <= 0.05 + 1e-9
+    assert batcher.stats.padding_fraction <= 0.05
+
+
+def test_window_scope_fills_the_long_tail():
+    """The per-batch cap makes many tiny batches where lengths are sparse; the window
+    scope fills them, and a step carries at least as many real tokens as spaCy's
+    batch_by_padded (same budget) while padding stays within the cap."""
+    items = long_tailed(4000, seed=7)
+    per_batch = TokenBudgetBatcher(size=2000, window=2000, padding_scope="batch")
+    per_window = TokenBudgetBatcher(size=2000, window=2000)
+    small = [list(per_batch(items)), list(per_window(items))]
+    real = [sum(len(x) for x in items) / len(b) for b in small]
+    tiny = [sum(1 for b in bs if sum(len(x) for x in b) < 500) for bs in small]
+    theirs = list(minibatch_by_padded_size(items, size=2000, buffer=256))
+    assert real[1] > 1.2 * real[0] and tiny[1] < 0.6 * tiny[0]
+    assert real[1] >= sum(len(x) for x in items) / len(theirs)
+    assert per_window.stats.padding_fraction <= 0.05 < padding(theirs)
+
+
+def test_window_shuffled_before_sorting_reproducibly():
+    """Items of equal length are batched at random (not in arrival order), the same
+    way for the same seed; nothing is lost or duplicated."""
+    items = [["x"] * 10 for _ in range(200)]
+
+    def members(seed):
+        batcher = TokenBudgetBatcher(size=100, window=200, seed=seed)
+        batches = list(batcher(items))
+        check_batches(items, batches, 100)
+        return [sorted(map(id, b)) for b in batches]
+
+    first = members(1)
+    assert first == members(1)
+    assert sorted(map(tuple, first)) != sorted(map(tuple, members(2)))
+    in_order = [sorted(map(id, items[i : i + 10])) for i in range(0, 200, 10)]
+    assert sorted(map(tuple, first)) != sorted(map(tuple, in_order))
+    unshuffled = list(TokenBudgetBatcher(size=100, window=200, shuffle=False)(items))
+    assert [sorted(map(id, b)) for b in unshuffled] == in_order
+
+
+def test_epochs_differ_and_replay_from_the_seed():
+    """The batcher's only state is its generator: a second call (the next epoch)
+    shuffles differently, and a new batcher with the same seed replays both epochs."""
+    items = long_tailed(800, seed=8)
+
+    def two_epochs():
+        batcher = TokenBudgetBatcher(size=1000, window=300, seed=5)
+        return [[[id(x) for x in b] for b in batcher(items)] for _ in range(2)]
+
+    a, b = two_epochs(), two_epochs()
+    assert a == b and a[0] != a[1]
+    for epoch in a:
+        assert sorted(i for batch in epoch for i in batch) == sorted(map(id, items))
+
+
+def test_schedule_budget_per_batch_across_windows():
+    items = long_tailed(900, seed=9)
+    budgets = list(itertools.islice(compounding(300, 3000, 1.05), 2000))
+    batcher = TokenBudgetBatcher(size=iter(budgets), window=200, shuffle=False)
+    batches = list(batcher(items))
+    check_batches(items, batches, max(budgets))
+    for budget, batch in zip(budgets, batches):  # batch k within budget k
+        assert max(len(x) for x in batch) * len(batch) <= budget or len(batch) == 1
+    assert batcher.stats.padding_fraction <= 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=300),
+    size=st.integers(20, 2000),
+    window=st.integers(1, 120),
+    max_padding=st.sampled_from([0.0, 0.05, 0.2, 1.0]),
+    scope=st.sampled_from(["window", "batch"]),
+    seed=st.integers(0, 3),
+)
+def test_property_nothing_lost_budget_and_padding_kept(
+    lengths, size, window, max_padding, scope, seed
+):
+    items = [["x"] * n for n in lengths]
+    batcher = TokenBudgetBatcher(
+        size=size, window=window, max_padding=max_padding, padding_scope=scope, seed=seed
+    )
+    batches = list(batcher(items))
+    check_batches(items, batches, size)
+    assert batcher.stats.items == len(items) and batcher.stats.batches == len(batches)
+    groups = [[b] for b in batches]
+    if scope == "window":
+        where = window_of(items, window)
+        by_window = {}
+        for b in batches:
+            by_window.setdefault(where[id(b[0])], []).append(b)
+        groups = list(by_window.values())
+    for group in groups:
+        assert padding(group) <= max_padding + 1e-9
