@@ -21,6 +21,7 @@ from thinc.api import Config, Model
 from thinc.types import Floats2d
 
 from .layer import get_pair
+from .safe_torch import CheckpointError
 
 DEFAULT_CHAR_LM_CONFIG = """
 [char_lm]
@@ -138,5 +139,8 @@ class CharLMComponent(Pipe):
         path = Path(path)
         if (path / "cfg").exists():
             self.cfg.update(srsly.read_json(path / "cfg"))
-        self.model.from_disk(path / "model")
+        try:
+            self.model.from_disk(path / "model")
+        except CheckpointError as err:
+            raise CheckpointError(f"{path / 'model'}: {err}") from None
         return self

@@ -97,8 +97,18 @@ class CharLMPair(torch.nn.Module):
 
     def with_lms_from_bytes(self, data: bytes, device: Optional[torch.device]) -> "CharLMPair":
         msg = srsly.msgpack_loads(data)
+        if not isinstance(msg, dict) or not all(
+            isinstance(msg.get(key), (bytes, type(None))) for key in ("forward", "backward")
+        ):
+            raise ValueError(
+                "The CharLMEmbed weights in this pipeline are not what to_bytes writes "
+                "(a map of 'forward'/'backward' to checkpoint bytes)."
+            )
         lms = [
-            CharLM.from_bytes(msg[key], map_location=device or "cpu", has_decoder=False)
+            CharLM.from_bytes(
+                msg[key], map_location=device or "cpu", has_decoder=False,
+                name=f"the {key} character LM in the pipeline's CharLMEmbed weights",
+            )
             if msg.get(key) is not None else None
             for key in ("forward", "backward")
         ]

@@ -323,6 +323,8 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     def load_binpersid(self) -> None:
         pid = self.stack.pop()
+        if "persistent_load" not in self.__dict__:  # torch sets it for the main pickle only
+            self.persistent_load(pid)
         _check_storage_record(self._load, pid)
         storage = self.persistent_load(pid)
         if type(storage) is not torch.storage.TypedStorage:
@@ -582,7 +584,7 @@ def _check_zip(stream: Any, shown: str, what: str) -> None:
     files without a pickle, reading the index with torch's own zip reader."""
     try:
         records = torch._C.PyTorchFileReader(stream).get_all_records()
-    except RuntimeError as err:
+    except (RuntimeError, OSError, ValueError) as err:
         raise CheckpointError(
             f"Could not read {shown} as {what}: the zip archive is truncated or corrupt "
             f"({str(err).splitlines()[0][:300]})"

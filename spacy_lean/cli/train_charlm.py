@@ -66,7 +66,10 @@ def train_charlm_cli(
     is_main = int(os.environ.get("RANK", "0")) == 0
     if threads is not None:
         torch.set_num_threads(threads)
-    dictionary = CharLM.load(dictionary_from).dictionary if dictionary_from else None
+    try:
+        dictionary = CharLM.load(dictionary_from).dictionary if dictionary_from else None
+    except ValueError as err:  # includes a checkpoint refused as unsafe or corrupt
+        msg.fail(str(err), exits=1)
     if is_main:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         what = "Resuming" if resume else "Training"
