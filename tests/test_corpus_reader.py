@@ -13,7 +13,7 @@ from spacy.util import registry
 
 import spacy_lean.corpus.reader as reader_module
 from spacy_lean import synthetic
-from spacy_lean.corpus import LeanCorpus, list_shards, split_among
+from spacy_lean.corpus import CorruptShardError, LeanCorpus, list_shards, split_among
 from spacy_lean.corpus.jsonl import doc_to_record
 
 
@@ -316,7 +316,7 @@ def test_corrupt_shard_names_file(nlp, tmp_path):
     synthetic.write_ner_corpus(tmp_path / "a.spacy", 3, seed=1)
     (tmp_path / "b.spacy").write_bytes(b"this is not a docbin")
     corpus = LeanCorpus(tmp_path)
-    with pytest.raises(ValueError, match=r"b\.spacy.*corrupt or not a DocBin"):
+    with pytest.raises(CorruptShardError, match=r"b\.spacy.*corrupt, truncated or not a DocBin"):
         list(corpus(nlp))
 
 

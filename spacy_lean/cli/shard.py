@@ -20,7 +20,8 @@ def shard_cli(
     # fmt: on
 ):
     """Write a corpus as .spacy shards of N docs each, for `spacy-lean.Corpus.v1`.
-    Streams: one input file and one output shard in memory at a time."""
+    Streams: the input is read a doc at a time (a single .spacy file of any size
+    in bounded memory), and one output shard is held in memory at a time."""
     from ..corpus import write_shards
 
     try:

@@ -69,8 +69,9 @@ def write_shards(
     progress: bool = False,
 ) -> List[Path]:
     """Re-shard a corpus into .spacy files of `docs_per_shard` docs each, streaming:
-    one input file is open at a time and at most one output shard is held in memory
-    (a single .spacy input is read whole by DocBin, its docs decoded one by one).
+    one input file is open at a time, read a doc at a time (a .spacy file of any size
+    in bounded memory, see `DocBinReader`), and at most one output shard is held in
+    memory.
 
     input_path (str / Path): a .spacy or .jsonl file, or a folder of them.
     output_dir (str / Path): where to write `{prefix}-00000.spacy`, ...; created if

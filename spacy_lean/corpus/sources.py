@@ -5,6 +5,7 @@ from them, and fingerprinting them. Training (`spacy-lean.Corpus.v1`), evaluatio
 `spacy lean shard` all read through here."""
 
 import hashlib
+import itertools
 import os
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple, Union
@@ -14,7 +15,7 @@ from spacy.tokens import Doc
 from spacy.training import Corpus, Example
 from spacy.vocab import Vocab
 
-from .docbin import CorruptShardError, docbin_docs, read_docbin
+from .docbin import CorruptShardError, DocBinReader
 from .jsonl import iter_jsonl_docs
 
 __all__ = [
@@ -100,19 +101,27 @@ def iter_shard_docs(
     vocab: Vocab,
     jsonl_options: Optional[dict] = None,
     nlp: Optional[Language] = None,
+    *,
+    part: Tuple[int, int] = (0, 1),
 ) -> Iterator[Doc]:
-    """Yield the docs of one data file, in stored order (empty docs included).
+    """Yield the docs of one data file, in stored order (empty docs included), one at
+    a time: a .spacy file of any size is read in bounded memory (`DocBinReader`).
 
     path (str / Path): a .spacy or .jsonl file.
     vocab (Vocab): the vocab the docs are made with.
     jsonl_options (Optional[dict]): keyword arguments for `iter_jsonl_docs`.
     nlp (Optional[Language]): the tokenizer, needed for .jsonl files.
+    part (Tuple[int, int]): (k, n): only the k-th of n contiguous, near-equal parts
+        of the file's stored docs (the parts of k = 0..n-1 hold every doc once).
     RAISES (CorruptShardError): the file cannot be read; the message names it.
     """
     path = Path(path)
+    k, n = part
+    if not 0 <= k < n:
+        raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part}.")
     if detect_format(path) == "jsonl" and nlp is None:
         raise ValueError("Reading .jsonl needs the nlp object (for its tokenizer).")
-    docs = _raw_docs(path, vocab, jsonl_options, nlp)
+    docs = _raw_docs(path, vocab, jsonl_options, nlp, part)
     while True:
         try:
             doc = next(docs)
@@ -125,27 +134,36 @@ def iter_shard_docs(
         yield doc
 
 
+def _part_bounds(n_docs: int, part: Tuple[int, int]) -> Tuple[int, int]:
+    k, n = part
+    return (n_docs * k) // n, (n_docs * (k + 1)) // n
+
+
 def _raw_docs(
-    path: Path, vocab: Vocab, jsonl_options: Optional[dict], nlp: Optional[Language]
+    path: Path,
+    vocab: Vocab,
+    jsonl_options: Optional[dict],
+    nlp: Optional[Language],
+    part: Tuple[int, int],
 ) -> Iterator[Doc]:
     if detect_format(path) == "jsonl":
-        yield from iter_jsonl_docs(nlp, path, **(jsonl_options or {}))  # type: ignore[arg-type]
+        docs = iter_jsonl_docs(nlp, path, **(jsonl_options or {}))  # type: ignore[arg-type]
+        if part != (0, 1):
+            start, stop = _part_bounds(count_shard_docs(path), part)
+            docs = itertools.islice(docs, start, stop)
+        yield from docs
         return
-    doc_bin = read_docbin(path)
-    try:
-        yield from docbin_docs(doc_bin, vocab)
-    except (KeyError, ValueError, IndexError) as err:
-        raise CorruptShardError(
-            f"Could not decode a doc in '{path}' ({type(err).__name__}: {err}). The "
-            "file is corrupt or was written with a different spaCy version."
-        ) from err
+    with DocBinReader(path) as reader:
+        yield from reader.get_docs(vocab, *_part_bounds(len(reader), part))
 
 
 def count_shard_docs(path: Union[str, Path]) -> int:
-    """How many docs (records) a data file holds, empty ones included."""
+    """How many docs (records) a data file holds, empty ones included. A .spacy file
+    is inflated (not decoded) to find out; a .jsonl file's lines are counted."""
     path = Path(path)
     if detect_format(path) == "spacy":
-        return len(read_docbin(path))
+        with DocBinReader(path) as reader:
+            return len(reader)
     n = 0
     with path.open("rb") as f:
         for line in f:
@@ -167,25 +185,20 @@ def read_examples(
     nlp (Language): the pipeline (vocab and tokenizer).
     shards (Iterable[Path]): files from `list_shards`.
     gold_preproc (bool): use gold tokens and sentences, as `spacy evaluate -G`.
-    part (Tuple[int, int]): (k, n): yield only the k-th of n contiguous, near-equal
-        parts of the examples (splits one file among workers; reads it whole).
+    part (Tuple[int, int]): (k, n): yield only the examples of the k-th of n
+        contiguous, near-equal parts of each file's stored docs (splits one file among
+        workers; each part is read in bounded memory, the parts hold every example once).
     RETURNS (Iterator[Example]): the examples.
     """
     for shard in shards:
         shard = Path(shard)
         corpus = Corpus(shard, gold_preproc=gold_preproc)
-        ref_docs = (doc for doc in iter_shard_docs(shard, nlp.vocab, nlp=nlp) if len(doc))
+        docs = iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part)
+        ref_docs = (doc for doc in docs if len(doc))
         if gold_preproc:
-            examples = corpus.make_examples_gold_preproc(nlp, ref_docs)
+            yield from corpus.make_examples_gold_preproc(nlp, ref_docs)
         else:
-            examples = corpus.make_examples(nlp, ref_docs)
-        if part == (0, 1):
-            yield from examples
-        else:
-            k, n = part
-            examples = list(examples)
-            start, end = (len(examples) * k) // n, (len(examples) * (k + 1)) // n
-            yield from examples[start:end]
+            yield from corpus.make_examples(nlp, ref_docs)
 
 
 def path_fingerprint(paths: Iterable[Union[str, Path]], sample_bytes: int = 1 << 20) -> str:
