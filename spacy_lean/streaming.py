@@ -14,7 +14,9 @@ import types
 import warnings
 from pathlib import Path
 from timeit import default_timer as timer
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union,
+)
 
 import numpy
 import srsly
@@ -36,6 +38,11 @@ CHECKPOINT_FORMAT = "spacy-lean.eval-checkpoint.v1"
 # Read-ahead window, in batches, when no window size is given: the window is sorted by
 # length before it is cut into batches, which cuts padding in the transformer.
 DEFAULT_WINDOW_BATCHES = 8
+# The memory budget of a batch, in padded tokens (docs x the longest doc's spaCy
+# tokens), when neither the caller nor the pipeline's transformer says otherwise. The
+# activations of every component scale with it; spacy-transformers cuts its own
+# batches by the same measure (`max_batch_items`, 4096 by default).
+DEFAULT_MAX_BATCH_TOKENS = 4096
 # Doc extensions that hold (views of) a whole batch's activations. They are released
 # as soon as a doc has been through the pipeline: no built-in scorer reads them.
 _ACTIVATION_EXTENSIONS = ("trf_data",)
@@ -140,14 +147,55 @@ def make_score_state(
     return _ScorerFallbackState(scorer, per_component)
 
 
+def resolve_max_batch_tokens(nlp: Language, max_batch_tokens: Optional[int] = None) -> int:
+    """The padded-token budget of the evaluation batches.
+
+    A batch's padded size is its number of docs times its longest doc's tokens: the
+    size the transformer pads its input to, and what every component's activations
+    grow with. It bounds the peak memory of a batch whatever the data (one doc longer
+    than the budget is evaluated alone).
+
+    nlp (Language): the pipeline.
+    max_batch_tokens (Optional[int]): the budget; None for the `max_batch_items` of
+        the pipeline's spacy-transformers component (the largest padded batch it
+        runs at once), else `DEFAULT_MAX_BATCH_TOKENS` (4096).
+    RETURNS (int): the budget.
+    """
+    if max_batch_tokens is None:
+        for _, proc in nlp.pipeline:
+            cfg = getattr(proc, "cfg", None)
+            value = cfg.get("max_batch_items") if isinstance(cfg, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                return value
+        return DEFAULT_MAX_BATCH_TOKENS
+    return check_max_batch_tokens(max_batch_tokens)
+
+
+def check_max_batch_tokens(value: Any) -> int:
+    """Validate a padded-token budget given by a user.
+
+    RETURNS (int): the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"max_batch_tokens must be a whole number of padded tokens >= 1 (docs x the "
+            f"longest doc's tokens in a batch), got {value!r}. Use e.g. 4096, or leave it "
+            "unset (null in a config) for the pipeline's default."
+        )
+    return value
+
+
 class StreamingEvaluator:
     """Evaluates a pipeline over a stream of examples in bounded memory.
 
-    It reads a window of examples, sorts it by length, pipes it in batches (at most
-    `batch_size` docs, and no more padded tokens than an average batch), updates the
-    score state with the window in the original order (so per-type dicts are ordered
-    as `Language.evaluate` orders them), and drops the docs. A batch that
-    runs out of GPU memory is halved and retried; later batches keep the smaller size.
+    It reads a window of examples, sorts it by length, pipes it in batches, updates
+    the score state with the window in the original order (so per-type dicts are
+    ordered as `Language.evaluate` orders them), and drops the docs. The memory bound:
+    a batch holds at most `batch_size` docs and `max_batch_tokens` padded tokens (docs
+    x the longest doc's tokens), a window at most as many tokens as its batches would
+    hold (`window_size / batch_size` x `max_batch_tokens`); a single doc longer than
+    that is a batch (and a window) of its own. A batch that runs out of GPU memory is
+    halved and retried; later batches keep the smaller size and budget.
     """
 
     def __init__(
@@ -160,9 +208,11 @@ class StreamingEvaluator:
         scorer_cfg: Optional[Dict[str, Any]] = None,
         per_component: bool = False,
         window_size: Optional[int] = None,
+        max_batch_tokens: Optional[int] = None,
         state: Any = None,
         on_oom: Optional[Callable[[int, int], None]] = None,
         trim_heap: bool = True,
+        copy_examples: bool = True,
     ):
         """Initialise the evaluator.
 
@@ -175,11 +225,17 @@ class StreamingEvaluator:
         per_component (bool): key the scores by component name.
         window_size (Optional[int]): examples read ahead and sorted by length before
             batching; 0 or 1 keeps the input order. Defaults to 8 batches.
+        max_batch_tokens (Optional[int]): padded tokens per batch (see
+            `resolve_max_batch_tokens`); also caps the window's tokens.
         state (Optional[PipelineScoreState]): a state to continue (from a checkpoint).
         on_oom (Optional[Callable[[int, int], None]]): called with (failed batch size,
             new batch size) when a batch ran out of GPU memory. Defaults to a warning.
-        trim_heap (bool): after each batch, give the memory the C heap freed back to
+        trim_heap (bool): after each window, give the memory the C heap freed back to
             the OS (`spacy_lean.memory.trim_host_memory`), so resident memory stays flat.
+        copy_examples (bool): pipe copies of the predicted docs, as `Language.evaluate`
+            does, so the caller's examples are left untouched. False saves a copy per
+            doc where the examples belong to the evaluator alone (as those made by
+            `read_examples`); their predicted docs are then replaced.
         """
         if batch_size is None:
             batch_size = nlp.batch_size
@@ -195,6 +251,9 @@ class StreamingEvaluator:
         self.batch_size = batch_size
         self.sort_window = window_size > 1
         self.window_size = max(window_size, batch_size)
+        self.max_batch_tokens = resolve_max_batch_tokens(nlp, max_batch_tokens)
+        # The window holds at most the tokens its batches would hold when full.
+        self.window_tokens = -(-self.window_size // batch_size) * self.max_batch_tokens
         self.component_cfg = component_cfg if component_cfg is not None else {}
         if state is None:
             state = make_score_state(
@@ -203,8 +262,7 @@ class StreamingEvaluator:
         self.state = state
         self.on_oom = on_oom if on_oom is not None else _warn_oom
         self.trim_heap = trim_heap
-        self._n_tokens_seen = 0
-        self._n_docs_seen = 0
+        self.copy_examples = copy_examples
         self._oom_types = cuda_oom_errors()
         self.n_examples = 0  # examples consumed from the stream, skipped ones included
         self.n_batches = 0
@@ -238,57 +296,66 @@ class StreamingEvaluator:
                     "over."
                 )
             self.n_examples += skip
-        while True:
-            window = list(itertools.islice(stream, self.window_size))
-            if not window:
-                break
-            validate_examples(window, "Language.evaluate")
+        for window in self._windows(stream):
             self._evaluate_window(window)
             self.n_examples += len(window)
-            del window
+            if self.trim_heap:
+                trim_host_memory()
             if on_window is not None:
                 on_window(self)
         return self.state
 
+    def _windows(self, stream: Iterator[Any]) -> Iterator[List[Example]]:
+        """Cut the stream into windows of at most `window_size` examples and
+        `window_tokens` tokens; an example longer than that is a window of its own."""
+        window: List[Example] = []
+        n_tokens = 0
+        for eg in stream:
+            if not isinstance(eg, Example):
+                validate_examples([eg], "Language.evaluate")  # raises spaCy's TypeError
+            length = len(eg.predicted)
+            if window and (
+                len(window) >= self.window_size or n_tokens + length > self.window_tokens
+            ):
+                yield window
+                window, n_tokens = [], 0
+            window.append(eg)
+            n_tokens += length
+        if window:
+            yield window
+
     def _evaluate_window(self, window: List[Example]) -> None:
         lengths = [len(eg.predicted) for eg in window]
+        order: Iterable[int] = range(len(window))
         if self.sort_window:
-            order = sorted(range(len(window)), key=lengths.__getitem__)
-        else:
-            order = list(range(len(window)))
-        # The padded-size budget of a sorted batch: batch_size x the mean doc length of
-        # everything read so far (steadier than one window's mean).
-        self._n_tokens_seen += sum(lengths)
-        self._n_docs_seen += len(lengths)
-        mean_length = self._n_tokens_seen / self._n_docs_seen
+            order = sorted(order, key=lengths.__getitem__)
         scored: List[Optional[Example]] = [None] * len(window)
-        pos = 0
-        while pos < len(order):
-            end = self._batch_end(order, pos, lengths, mean_length)
-            indices = order[pos:end]
+        for indices in self._batches(order, lengths):
             for i, eg in zip(indices, self._pipe_batch([window[i] for i in indices])):
                 scored[i] = eg
-            pos = end
         self.state.update(scored)
 
-    def _batch_end(
-        self, order: List[int], pos: int, lengths: List[int], mean_length: float
-    ) -> int:
-        """End of the batch starting at `pos`: at most `batch_size` docs and, when the
-        window is sorted, at most the padded size of an average batch (`batch_size` x
-        the mean doc length so far), so sorting never gathers the longest docs into one
-        oversized batch (one doc longer than that is a batch of its own)."""
-        end = min(pos + self.batch_size, len(order))
-        if not self.sort_window:
-            return end
-        budget = self.batch_size * mean_length
-        for j in range(pos + 1, end):
-            if (j - pos + 1) * lengths[order[j]] > budget:
-                return j
-        return end
+    def _batches(self, order: Iterable[int], lengths: List[int]) -> Iterator[List[int]]:
+        """Cut `order` into batches of at most `batch_size` docs and `max_batch_tokens`
+        padded tokens (docs x the longest doc); a longer doc is a batch of its own.
+        Both limits are read per batch: an out-of-memory retry lowers them."""
+        batch: List[int] = []
+        longest = 0
+        for i in order:
+            longer = max(longest, lengths[i])
+            if batch and (
+                len(batch) >= self.batch_size
+                or (len(batch) + 1) * longer > self.max_batch_tokens
+            ):
+                yield batch
+                batch, longer = [], lengths[i]
+            batch.append(i)
+            longest = longer
+        if batch:
+            yield batch
 
     def _pipe_batch(self, batch: List[Example]) -> List[Example]:
-        """Pipe copies of one batch's predicted docs; on OOM, halve and retry."""
+        """Pipe one batch's predicted docs; on OOM, halve and retry."""
         try:
             return self._pipe(batch)
         except self._oom_types:
@@ -297,36 +364,37 @@ class StreamingEvaluator:
         # Outside the except block, so the failed attempt's frames (and tensors) are freed.
         empty_gpu_caches()
         half = (len(batch) + 1) // 2
+        longest = max(len(eg.predicted) for eg in batch)
         self.oom_events.append((len(batch), half))
         self.batch_size = min(self.batch_size, half)
+        self.max_batch_tokens = max(1, min(self.max_batch_tokens, half * longest))
         self.on_oom(len(batch), half)
         return self._pipe_batch(batch[:half]) + self._pipe_batch(batch[half:])
 
     def _pipe(self, batch: List[Example]) -> List[Example]:
-        # Copies, as Language.evaluate makes: the caller's predicted docs stay untouched.
-        copies = [Example(eg.predicted.copy(), eg.reference) for eg in batch]
+        if self.copy_examples:
+            # Copies, as Language.evaluate makes: the caller's predicted docs stay untouched.
+            batch = [Example(eg.predicted.copy(), eg.reference) for eg in batch]
+        # Unlike Language.evaluate, the reference texts are not tokenized again "for
+        # timing": `speed` counts the pipeline's time only.
         start = timer()
-        for eg in copies:  # timing parity with Language.evaluate, which tokenizes once
-            self.nlp.make_doc(eg.reference.text)
         docs = list(
             self.nlp.pipe(
-                (eg.predicted for eg in copies),
-                batch_size=len(copies),
+                (eg.predicted for eg in batch),
+                batch_size=len(batch),
                 component_cfg=self.component_cfg,
             )
         )
         seconds = timer() - start
         n_words = 0
-        for eg, doc in zip(copies, docs):
+        for eg, doc in zip(batch, docs):
             _release_activations(doc)
             eg.predicted = doc
             n_words += len(doc)
         self.state.add_speed(n_words, seconds)
         self.n_words += n_words
         self.n_batches += 1
-        if self.trim_heap:
-            trim_host_memory()
-        return copies
+        return batch
 
 
 def _warn_oom(failed: int, new: int) -> None:
@@ -348,6 +416,7 @@ def evaluate(
     scorer_cfg: Optional[Dict[str, Any]] = None,
     per_component: bool = False,
     window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Evaluate a pipeline like `Language.evaluate`, streaming.
 
@@ -364,6 +433,9 @@ def evaluate(
     per_component (bool): key the scores by component name.
     window_size (Optional[int]): examples read ahead and sorted by length; 0 keeps the
         input order (the scores are the same either way). Defaults to 8 batches.
+    max_batch_tokens (Optional[int]): the memory budget of a batch in padded tokens
+        (docs x the longest doc's tokens); the window holds at most as many tokens as
+        its batches. Defaults to the transformer's `max_batch_items`, else 4096.
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     evaluator = StreamingEvaluator(
@@ -374,6 +446,7 @@ def evaluate(
         scorer_cfg=scorer_cfg,
         per_component=per_component,
         window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
     )
     return evaluator.run(examples).result()
 
@@ -382,13 +455,21 @@ def evaluate(
 # spaCy integration: make `nlp.evaluate` streaming on an instance.
 
 
-def install_streaming_evaluate(nlp: Language, *, window_size: Optional[int] = None) -> Language:
+def install_streaming_evaluate(
+    nlp: Language,
+    *,
+    window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
+) -> Language:
     """Replace `nlp.evaluate` on this instance by the streaming `evaluate`.
 
     nlp (Language): the pipeline; modified in place.
     window_size (Optional[int]): default read-ahead window (see `evaluate`).
+    max_batch_tokens (Optional[int]): padded tokens per batch (see `evaluate`).
     RETURNS (Language): the same pipeline.
     """
+    if max_batch_tokens is not None:
+        check_max_batch_tokens(max_batch_tokens)
 
     def streaming_evaluate(
         self: Language,
@@ -409,6 +490,7 @@ def install_streaming_evaluate(nlp: Language, *, window_size: Optional[int] = No
             scorer_cfg=scorer_cfg,
             per_component=per_component,
             window_size=window_size,
+            max_batch_tokens=max_batch_tokens,
         )
 
     streaming_evaluate.__doc__ = evaluate.__doc__
@@ -423,7 +505,9 @@ def is_streaming(nlp: Language) -> bool:
 
 
 @registry.callbacks(CALLBACK_NAME)
-def make_streaming_evaluate_v1(window_size: Optional[int] = None) -> Callable[[Language], Language]:
+def make_streaming_evaluate_v1(
+    window_size: Optional[int] = None, max_batch_tokens: Optional[int] = None
+) -> Callable[[Language], Language]:
     """An `[nlp.after_pipeline_creation]` callback that makes `nlp.evaluate` streaming,
     so `spacy train`'s dev evaluation and `spacy evaluate` use bounded memory.
 
@@ -433,11 +517,17 @@ def make_streaming_evaluate_v1(window_size: Optional[int] = None) -> Callable[[L
 
     window_size (Optional[int]): examples read ahead and sorted by length (see
         `spacy_lean.evaluate`); null for 8 batches, 0 to keep the input order.
+    max_batch_tokens (Optional[int]): padded tokens per batch, the memory budget (see
+        `spacy_lean.evaluate`); null for the transformer's `max_batch_items`, else 4096.
     RETURNS (Callable[[Language], Language]): the callback.
     """
+    if max_batch_tokens is not None:
+        check_max_batch_tokens(max_batch_tokens)
 
     def after_pipeline_creation(nlp: Language) -> Language:
-        return install_streaming_evaluate(nlp, window_size=window_size)
+        return install_streaming_evaluate(
+            nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+        )
 
     return after_pipeline_creation
 

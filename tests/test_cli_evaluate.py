@@ -62,6 +62,8 @@ def test_output_equals_spacy_evaluate(model_dir, ner_corpus, tmp_path):
     result = lean_evaluate(model_dir, ner_corpus["dev"], "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "NER F" in result.output and "docs/s" in result.output
+    # The budget used is printed: the transformer's max_batch_items (4096) by default.
+    assert "batches of at most 4,096 padded tokens" in result.output
     theirs = spacy_evaluate(str(model_dir), ner_corpus["dev"])
     assert 0 < theirs["ents_f"] < 1
     # As `spacy evaluate --output` writes it (srsly keeps 10 significant digits).
@@ -170,6 +172,23 @@ class _OOMAbove:
             if len(batch) > self.max_docs:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
             yield from batch
+
+
+def test_token_budget_option(model_dir, shard_dir, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", "150", "-o", a, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "batches of at most 150 padded tokens" in result.output
+    assert "windows of at most 1,200 tokens" in result.output  # 8 batches' worth
+    assert lean_evaluate(model_dir, shard_dir, "-o", b, "--no-progress").exit_code == 0
+    assert without_speed(srsly.read_json(a)) == without_speed(srsly.read_json(b))
+    for bad in ("0", "-3"):
+        result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", bad)
+        assert result.exit_code == 1 and f"--max-batch-tokens must be >= 1, got {bad}" in result.output
+    result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", "lots")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", "100", "--workers", "2")
+    assert result.exit_code == 1 and "not passed on to --workers" in result.output
 
 
 def test_cli_reports_out_of_memory_back_off(model_dir, shard_dir, tmp_path):

@@ -179,21 +179,78 @@ def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
     assert_same_scores(evaluator.state.result(), expected)
 
 
-def test_sorted_batches_respect_the_padded_budget(trf_ner_nlp, gold_docs):
-    recorder = trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 1000})
+def _record_batches(nlp):
+    """Add a pass-through component that records the doc lengths of each batch."""
+    recorder = nlp.add_pipe("test_oom_above", config={"max_docs": 10**6})
     batches = []
     real_pipe = recorder.pipe
     recorder.pipe = lambda docs, batch_size=128: (
         batches.append([len(d) for d in docs]) or real_pipe(docs, batch_size)
     )
-    evaluator = StreamingEvaluator(trf_ner_nlp, batch_size=4, window_size=len(gold_docs))
-    evaluator.run(fresh_examples(trf_ner_nlp, gold_docs))
+    return batches
+
+
+@pytest.mark.parametrize("window_size", [None, 0])
+def test_batches_and_windows_respect_the_token_budget(trf_ner_nlp, gold_docs, window_size):
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=4)
     lengths = [len(d) for d in gold_docs]
-    budget = 4 * sum(lengths) / len(lengths)
-    assert sorted(n for batch in batches for n in batch) == sorted(lengths)
-    assert all(len(batch) <= 4 for batch in batches)
+    budget = 100
+    over = [n for n in lengths if n > budget]
+    assert over and max(lengths) > 2 * budget  # some docs alone exceed the budget
+    batches = _record_batches(trf_ner_nlp)
+    evaluator = StreamingEvaluator(
+        trf_ner_nlp, batch_size=6, window_size=window_size, max_batch_tokens=budget
+    )
+    assert evaluator.max_batch_tokens == budget
+    windows = []
+    evaluator.run(
+        fresh_examples(trf_ner_nlp, gold_docs),
+        on_window=lambda ev: windows.append(ev.n_examples),
+    )
+    assert sorted(n for batch in batches for n in batch) == sorted(lengths)  # each doc once
+    assert all(len(batch) <= 6 for batch in batches)
     assert all(len(batch) == 1 or len(batch) * max(batch) <= budget for batch in batches)
-    assert any(len(batch) < 4 for batch in batches[:-1])  # the long docs were split off
+    assert sorted(n for batch in batches if len(batch) == 1 for n in batch)[-len(over):] == sorted(over)
+    assert any(len(batch) > 1 for batch in batches)
+    # Windows: consecutive runs of the input, within the window's token budget.
+    bounds = [0] + windows
+    assert bounds[-1] == len(gold_docs)
+    for start, end in zip(bounds, bounds[1:]):
+        assert end - start <= evaluator.window_size
+        assert end - start == 1 or sum(lengths[start:end]) <= evaluator.window_tokens
+    assert evaluator.window_tokens == -(-evaluator.window_size // 6) * budget
+    assert_same_scores(evaluator.state.result(), expected)
+
+
+def test_one_doc_over_the_budget_is_evaluated_alone(trf_ner_nlp, gold_docs):
+    longest = max(gold_docs, key=len)
+    docs = [gold_docs[0], longest, gold_docs[1]]
+    expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, docs))
+    batches = _record_batches(trf_ner_nlp)
+    budget = len(longest) - 1
+    ours = evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, docs), max_batch_tokens=budget)
+    assert [len(longest)] in batches
+    assert sorted(n for batch in batches for n in batch) == sorted(len(d) for d in docs)
+    assert_same_scores(ours, expected)
+
+
+def test_default_budget_comes_from_the_transformer(trf_ner_nlp):
+    from spacy_lean.streaming import DEFAULT_MAX_BATCH_TOKENS, resolve_max_batch_tokens
+
+    trf = trf_ner_nlp.get_pipe("transformer")
+    trf.cfg["max_batch_items"] = 1000
+    assert resolve_max_batch_tokens(trf_ner_nlp) == 1000
+    assert StreamingEvaluator(trf_ner_nlp).window_tokens == 8 * 1000
+    assert resolve_max_batch_tokens(trf_ner_nlp, 77) == 77
+    assert resolve_max_batch_tokens(spacy.blank("en")) == DEFAULT_MAX_BATCH_TOKENS
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, "4096", True])
+def test_bad_budget_is_a_clear_error(trf_ner_nlp, bad):
+    with pytest.raises(ValueError, match=f"max_batch_tokens must be .* got {bad!r}"):
+        evaluate(trf_ner_nlp, [], max_batch_tokens=bad)
+    with pytest.raises(ValueError, match="max_batch_tokens must be"):
+        make_streaming_evaluate_v1(max_batch_tokens=bad)
 
 
 def test_oom_on_a_single_doc_is_raised(trf_ner_nlp, gold_docs):

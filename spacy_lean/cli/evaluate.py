@@ -50,6 +50,7 @@ def evaluate_cli(
     spans_key: str = Opt("sc", "--spans-key", "-sk", help="Spans key to use when evaluating Doc.spans"),
     batch_size: Optional[int] = Opt(None, "--batch-size", "-b", help="Docs per batch (default: the pipeline's batch_size)"),
     window_size: Optional[int] = Opt(None, "--window-size", help="Examples read ahead and sorted by length (default: 8 batches; 0 keeps the input order)"),
+    max_batch_tokens: Optional[int] = Opt(None, "--max-batch-tokens", help="Memory budget of a batch in padded tokens, docs x longest doc (default: the transformer's max_batch_items, else 4096); a window holds at most as many tokens as its batches"),
     checkpoint: Optional[Path] = Opt(None, "--checkpoint", help="JSON file to save progress to; a rerun resumes from it", dir_okay=False),
     checkpoint_every: int = Opt(50, "--checkpoint-every", help="Save the checkpoint every N batches (every N shards with --workers)"),
     workers: int = Opt(1, "--workers", "-w", help="Evaluate with N worker processes (or Ray actors), merging their scores"),
@@ -76,6 +77,7 @@ def evaluate_cli(
         spans_key=spans_key,
         batch_size=batch_size,
         window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
         workers=workers,
@@ -99,6 +101,7 @@ def evaluate_streaming_cli(
     spans_key: str = "sc",
     batch_size: Optional[int] = None,
     window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
     checkpoint: Optional[Path] = None,
     checkpoint_every: int = 50,
     workers: int = 1,
@@ -117,12 +120,20 @@ def evaluate_streaming_cli(
         ("--checkpoint-every", checkpoint_every, 1),
         ("--batch-size", batch_size, 1),
         ("--window-size", window_size, 0),
+        ("--max-batch-tokens", max_batch_tokens, 1),
         ("--max-retries", max_retries, 0),
     ):
         if value is not None and value < low:
             msg.fail(f"{name} must be >= {low}, got {value}.", exits=1)
     if backend not in BACKENDS:
         msg.fail(f"Unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}.", exits=1)
+    if max_batch_tokens is not None and not (workers == 1 and backend == "processes"):
+        msg.fail(
+            "--max-batch-tokens is not passed on to --workers or --backend ray yet",
+            "Each worker uses the pipeline's default budget (printed below when you leave "
+            "the option out). Leave --max-batch-tokens out, or evaluate in one process.",
+            exits=1,
+        )
     if backend == "ray" and workers == 1:
         msg.info("--backend ray with --workers 1: one Ray actor")
     try:
@@ -156,7 +167,8 @@ def evaluate_streaming_cli(
             state, n_examples = _run_single(
                 nlp, shards, state, ckpt, resumed,
                 gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
-                per_component=per_component, progress=progress,
+                max_batch_tokens=max_batch_tokens, per_component=per_component,
+                progress=progress,
             )
         else:
             state, n_examples = _run_workers(
@@ -270,8 +282,8 @@ def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initia
 
 
 def _run_single(
-    nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size, per_component,
-    progress,
+    nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size,
+    max_batch_tokens, per_component, progress,
 ):
     from ..corpus.sources import read_examples
     from ..streaming import StreamingEvaluator
@@ -301,8 +313,14 @@ def _run_single(
         )
 
     evaluator = StreamingEvaluator(
-        nlp, batch_size=batch_size, window_size=window_size, per_component=per_component,
-        state=state, on_oom=on_oom,
+        nlp, batch_size=batch_size, window_size=window_size, max_batch_tokens=max_batch_tokens,
+        per_component=per_component, state=state, on_oom=on_oom,
+        copy_examples=False,  # the examples are made here and seen by no one else
+    )
+    msg.info(
+        f"Memory budget: batches of at most {evaluator.max_batch_tokens:,} padded tokens "
+        f"(docs x longest doc) and {evaluator.batch_size:,} docs; read-ahead windows of at "
+        f"most {evaluator.window_tokens:,} tokens and {evaluator.window_size:,} docs"
     )
     evaluator.n_batches = n_batches
     bar = _progress_bar(progress, "doc", initial=skip)
@@ -320,7 +338,9 @@ def _run_single(
     if evaluator.oom_events:
         msg.warn(
             f"{len(evaluator.oom_events)} out-of-memory retries: finished with batch size "
-            f"{evaluator.batch_size}. Pass --batch-size {evaluator.batch_size} next time."
+            f"{evaluator.batch_size} and {evaluator.max_batch_tokens} padded tokens. Pass "
+            f"--batch-size {evaluator.batch_size} --max-batch-tokens "
+            f"{evaluator.max_batch_tokens} next time."
         )
     if ckpt is not None:
         ckpt.save(
@@ -348,6 +368,12 @@ def _run_workers(
             "evaluated"
         )
     todo = [u for u in units if u.index not in done]
+    from ..streaming import resolve_max_batch_tokens
+
+    msg.info(
+        f"Memory budget per worker: batches of at most {resolve_max_batch_tokens(nlp):,} "
+        "padded tokens (docs x longest doc)"
+    )
     n_workers = min(workers, len(todo)) if todo else 0
     where = f"{len(gpu_ids)} GPU(s)" if gpu_ids else "CPU"
     if todo:
