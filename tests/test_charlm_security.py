@@ -303,8 +303,9 @@ class _PidPickler(pickle.Pickler):
 
 
 def _with_pid(pid, protocol=2) -> bytes:
+    pids = pid if isinstance(pid, list) else [pid]
     buf = io.BytesIO()
-    _PidPickler(buf, protocol=protocol).dump({"state_dict": _Pid(pid)})
+    _PidPickler(buf, protocol=protocol).dump({"state_dict": [_Pid(p) for p in pids]})
     return buf.getvalue()
 
 
@@ -318,39 +319,70 @@ def _zip_file(path: Path, data_pkl: bytes, records=None) -> Path:
     return path
 
 
-def _legacy_file(path: Path, data_pkl: bytes) -> Path:
+def _legacy_file(path: Path, data_pkl: bytes, keys=("0",)) -> Path:
     head = b"".join(pickle.dumps(x, protocol=2) for x in (
         torch.serialization.MAGIC_NUMBER, torch.serialization.PROTOCOL_VERSION,
         {"protocol_version": 1001, "little_endian": True,
          "type_sizes": {"short": 2, "int": 4, "long": 4}},
     ))
-    path.write_bytes(head + data_pkl + pickle.dumps(["0"], protocol=2) + b"\0" * 64)
+    path.write_bytes(head + data_pkl + pickle.dumps(list(keys), protocol=2) + b"\0" * 64)
     return path
 
 
+_NOT_TORCH = "persistent id torch does not write"
 _BAD_PIDS = {
-    "module": ("module", OrderedDict, "source.py", "class X: pass"),
-    "not-a-type": ("storage", "FloatStorage", "0", "cpu", 4),
-    "object-type": ("storage", torch.serialization.StorageType, "0", "cpu", 4),
-    "path-key": ("storage", torch.FloatStorage, "../../etc/passwd", "cpu", 4),
-    "location": ("storage", torch.FloatStorage, "0", "cpu; rm -rf ~", 4),
-    "huge": ("storage", torch.FloatStorage, "0", "cpu", 10 ** 12),
-    "negative": ("storage", torch.FloatStorage, "0", "cpu", -1),
-    "not-a-tuple": "storage",
-    "view": ("storage", torch.FloatStorage, "0", "cpu", 4, ("1", 3, 10)),
+    "module": (("module", OrderedDict, "source.py", "class X: pass"), _NOT_TORCH),
+    "not-a-type": (("storage", "FloatStorage", "0", "cpu", 4), _NOT_TORCH),
+    "object-type": (("storage", torch.serialization.StorageType, "0", "cpu", 4),
+                    "torch.serialization.StorageType"),
+    "path-key": (("storage", torch.FloatStorage, "../../etc/passwd", "cpu", 4), _NOT_TORCH),
+    "location": (("storage", torch.FloatStorage, "0", "cpu; rm -rf ~", 4), _NOT_TORCH),
+    "negative": (("storage", torch.FloatStorage, "0", "cpu", -1), _NOT_TORCH),
+    "not-a-tuple": ("storage", _NOT_TORCH),
+    "huge": (("storage", torch.FloatStorage, "0", "cpu", 10 ** 12), "more than the whole file"),
+}
+# The legacy format's records carry a view (None, or key, offset, size) as a sixth item.
+_LEGACY_ONLY = {
+    "view": (("storage", torch.FloatStorage, "0", "cpu", 4, ("1", 3, 10)), _NOT_TORCH),
+    "zip-record": (("storage", torch.FloatStorage, "0", "cpu", 4), _NOT_TORCH),
+    # Each fits in the file, all together do not: refused before torch allocates them.
+    "many": ([("storage", torch.FloatStorage, str(i), "cpu", 1000, None) for i in range(1000)],
+             "more than the whole file"),
+}
+_ZIP_ONLY = {
+    "legacy-record": (("storage", torch.FloatStorage, "0", "cpu", 4, None), _NOT_TORCH),
 }
 
 
-@pytest.mark.parametrize("fmt", ["zip", "legacy"])
-@pytest.mark.parametrize("case", sorted(_BAD_PIDS))
+def _legacy_pid(pid):
+    if isinstance(pid, tuple) and pid[0] == "storage" and len(pid) == 5:
+        return pid + (None,)
+    return pid
+
+
+@pytest.mark.parametrize("fmt,case", [("zip", c) for c in sorted({**_BAD_PIDS, **_ZIP_ONLY})]
+                         + [("legacy", c) for c in sorted({**_BAD_PIDS, **_LEGACY_ONLY})])
 def test_persistent_ids_must_be_torch_storage_records(tmp_path, case, fmt):
     path = tmp_path / f"{case}.pt"
-    data = _with_pid(_BAD_PIDS[case])
     if fmt == "zip":
-        _zip_file(path, data, {"data/0": b"\0" * 16})
+        pid, needle = {**_BAD_PIDS, **_ZIP_ONLY}[case]
+        _zip_file(path, _with_pid(pid), {"data/0": b"\0" * 16})
     else:
-        _legacy_file(path, data)
-    _refused(path, "Refusing to load")
+        pid, needle = _LEGACY_ONLY[case] if case in _LEGACY_ONLY else _BAD_PIDS[case]
+        pid = pid if case == "zip-record" else _legacy_pid(pid)
+        _legacy_file(path, _with_pid(pid))
+    _refused(path, needle)
+
+
+def test_legacy_storage_without_data(tmp_path):
+    """A storage the legacy format's key list leaves off would keep uninitialised memory."""
+    buf = io.BytesIO()
+    _PidPickler(buf, protocol=2).dump(
+        _Call(torch._utils._rebuild_tensor_v2,
+              (_Pid(("storage", torch.FloatStorage, "7", "cpu", 4, None)), 0, (4,), (1,), False,
+               OrderedDict())))
+    path = _legacy_file(tmp_path / "nodata.pt", buf.getvalue(), keys=())
+    _refused(path, "storages whose data it does not contain")
 
 
 def test_persistent_id_outside_the_main_pickle(tmp_path):

@@ -55,9 +55,9 @@ class FlairDictionaryState:
         if type(state) is tuple and len(state) == 2 and state[1] is None:
             state = state[0]
         if type(state) is not dict or not all(type(key) is str for key in state):
-            raise pickle.UnpicklingError(
-                f"the pickled flair.data.Dictionary has a state of {type(state).__name__}, "
-                "not a dict of attributes"
+            raise safe_torch.RefusedPickle(
+                f"the pickled flair.data.Dictionary is given a state of "
+                f"{type(state).__name__}, not a dict of attributes"
             )
         self.__dict__.update(state)
 

@@ -30,7 +30,6 @@ import re
 import types
 from collections import OrderedDict
 from pathlib import Path
-from struct import error as struct_error
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
 import _compat_pickle
@@ -60,8 +59,10 @@ class CheckpointError(ValueError):
     checkpoint at all (truncated, corrupt, too large)."""
 
 
-class _Refused(pickle.UnpicklingError):
-    """Raised inside the unpickler; `load` turns it into a `CheckpointError`."""
+class RefusedPickle(pickle.UnpicklingError):
+    """Raised inside the unpickler (also by the `__setstate__` of an allowed class
+    that is given a state it does not accept); `load` turns it into a
+    `CheckpointError`."""
 
 
 class StandIn:
@@ -82,9 +83,16 @@ class _Load:
     """What one `load` call allows and has handed out (shared by all the unpicklers
     torch creates for the file)."""
 
-    def __init__(self, allowed: Dict[Tuple[str, str], Any], max_storage_bytes: int) -> None:
+    def __init__(
+        self, allowed: Dict[Tuple[str, str], Any], max_storage_bytes: int, what: str,
+        legacy: bool,
+    ) -> None:
+        self.what = what
+        self.legacy = legacy
         self.max_storage_bytes = max_storage_bytes
+        self.storage_bytes: Dict[str, int] = {}  # root key -> bytes
         self.storages: List[Any] = []
+        self.records: List[Any] = []  # what the module-level `load` returned (legacy headers)
         self.classes: FrozenSet[type] = frozenset(v for v in allowed.values() if isinstance(v, type))
         self.globals: Dict[Tuple[str, str], Any] = {}
         for key, value in allowed.items():
@@ -100,9 +108,9 @@ class _Load:
 # --- stand-ins: each takes the `_Load` and returns the checked callable -------------
 
 
-def _refuse_args(what: str, args: Tuple[Any, ...]) -> "_Refused":
+def _refuse_args(what: str, args: Tuple[Any, ...]) -> "RefusedPickle":
     shown = ", ".join(type(arg).__name__ for arg in args)
-    return _Refused(f"{what} is called with unexpected arguments ({shown})")
+    return RefusedPickle(f"{what} is called with unexpected arguments ({shown})")
 
 
 def _is_int(value: Any) -> bool:
@@ -121,7 +129,7 @@ def _no_hooks(value: Any) -> bool:
 
 def _check_view(load: _Load, name: str, storage: Any, offset: Any, size: Any, stride: Any) -> None:
     if not load.is_our_storage(storage):
-        raise _Refused(f"{name} is given {type(storage).__name__}, not a storage of this file")
+        raise RefusedPickle(f"{name} is given {type(storage).__name__}, not a storage of this file")
     if type(size) is torch.Size:
         size = tuple(size)
     if not (_is_int(offset) and offset >= 0 and _int_tuple(size) and _int_tuple(stride)
@@ -130,7 +138,7 @@ def _check_view(load: _Load, name: str, storage: Any, offset: Any, size: Any, st
     if 0 not in size:
         last = offset + sum((n - 1) * s for n, s in zip(size, stride))
         if last >= storage._size():
-            raise _Refused(
+            raise RefusedPickle(
                 f"{name}: a tensor of size {size}, stride {stride} at offset {offset} "
                 f"does not fit in its storage of {storage._size()} elements"
             )
@@ -295,7 +303,7 @@ TENSOR_GLOBALS: Dict[Tuple[str, str], Callable[[_Load], Callable[..., Any]]] = {
 
 def _refuse_opcode(name: str) -> Callable[[Any], None]:
     def refuse(self: Any) -> None:
-        raise _Refused(f"the pickle uses the {name} opcode, which a checkpoint does not need")
+        raise RefusedPickle(f"the pickle uses the {name} opcode, which a checkpoint does not need")
 
     return refuse
 
@@ -315,11 +323,13 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
                 module = _compat_pickle.IMPORT_MAPPING[module]
         found = self._load.globals.get((module, name))
         if found is None:
-            raise _Refused(f"the pickle names '{module}.{name}'")
+            raise RefusedPickle(
+                f"the pickle names '{module}.{name}', which {self._load.what} does not contain"
+            )
         return found
 
     def persistent_load(self, pid: Any) -> Any:  # replaced by torch for its main pickle
-        raise _Refused("the pickle has a persistent id where torch writes none")
+        raise RefusedPickle("the pickle has a persistent id where torch writes none")
 
     def load_binpersid(self) -> None:
         pid = self.stack.pop()
@@ -328,7 +338,7 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         _check_storage_record(self._load, pid)
         storage = self.persistent_load(pid)
         if type(storage) is not torch.storage.TypedStorage:
-            raise _Refused(f"a storage record gave {type(storage).__name__}")
+            raise RefusedPickle(f"a storage record gave {type(storage).__name__}")
         self._load.storages.append(storage)
         self.append(storage)
 
@@ -336,14 +346,15 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         args = self.stack.pop()
         func = self.stack[-1]
         if type(func) is not StandIn or type(args) is not tuple:
-            raise _Refused(f"the pickle calls {_describe(func)}")
+            raise RefusedPickle(f"the pickle calls {_describe(func)}")
         self.stack[-1] = func(*args)
 
     def load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
-        if cls not in self._load.classes or args != ():
-            raise _Refused(f"the pickle creates an object of {_describe(cls)}")
+        if type(args) is not tuple or args or not isinstance(cls, type) \
+                or cls not in self._load.classes:
+            raise RefusedPickle(f"the pickle creates an object of {_describe(cls)}")
         self.append(cls.__new__(cls))
 
     def load_build(self) -> None:
@@ -356,7 +367,7 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         elif isinstance(inst, numpy.dtype):
             _check_dtype_state(inst, state)
         else:
-            raise _Refused(f"the pickle sets the state of {_describe(inst)}")
+            raise RefusedPickle(f"the pickle sets the state of {_describe(inst)}")
 
     def load_append(self) -> None:
         value = self.stack.pop()
@@ -384,7 +395,7 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def _target(self, kind: type, opcode: str) -> Any:
         target = self.stack[-1]
         if not (type(target) is kind or (kind is dict and type(target) is OrderedDict)):
-            raise _Refused(f"the pickle's {opcode} targets {_describe(target)}")
+            raise RefusedPickle(f"the pickle's {opcode} targets {_describe(target)}")
         return target
 
     dispatch[pickle.BINPERSID[0]] = load_binpersid
@@ -415,7 +426,7 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
     ("storage", type, key, location, numel), legacy format the same plus a view
     (None or (key, offset, size))."""
     ok = (
-        type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"
+        type(pid) is tuple and len(pid) == (6 if load.legacy else 5) and pid[0] == "storage"
         and isinstance(pid[1], torch.serialization.StorageType)
         and pid[1].dtype in _ALLOWED_DTYPES
         and type(pid[2]) is str and _STORAGE_KEY.fullmatch(pid[2]) is not None
@@ -430,11 +441,14 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
               and view[1] + view[2] <= pid[4])
     if not ok:
         shown = pid if type(pid) in (tuple, str, int) else type(pid).__name__
-        raise _Refused(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
-    nbytes = pid[4] * torch._utils._element_size(pid[1].dtype)
-    if nbytes > load.max_storage_bytes:
-        raise _Refused(
-            f"a storage of {nbytes} bytes is larger than the file ({load.max_storage_bytes} bytes)"
+        raise RefusedPickle(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
+    load.storage_bytes[pid[2]] = pid[4] * torch._utils._element_size(pid[1].dtype)
+    total = sum(load.storage_bytes.values())
+    if total > load.max_storage_bytes:
+        # Not allocated: torch would make the storages before reading their data.
+        raise pickle.UnpicklingError(
+            f"its storages would hold {total} bytes, more than the whole file "
+            f"({load.max_storage_bytes} bytes)"
         )
 
 
@@ -446,7 +460,7 @@ def _build_ordered_dict(inst: OrderedDict, state: Any) -> None:
             and all(type(v) in (dict, OrderedDict) for v in state.values())):
         inst.__dict__.update(state)
         return
-    raise _Refused("the pickle sets attributes of an OrderedDict other than _metadata")
+    raise RefusedPickle("the pickle sets attributes of an OrderedDict other than _metadata")
 
 
 def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
@@ -456,7 +470,7 @@ def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
             and state[2:] == expected[2:]
             and (state[1] == expected[1] or state[1] in ("|", "=") or dtype.itemsize == 1)):
         return
-    raise _Refused(f"the pickle gives numpy.dtype('{dtype.str}') the state {state!r:.100}")
+    raise RefusedPickle(f"the pickle gives numpy.dtype('{dtype.str}') the state {state!r:.100}")
 
 
 def _pickle_module(load: _Load) -> types.ModuleType:
@@ -467,7 +481,9 @@ def _pickle_module(load: _Load) -> types.ModuleType:
     module.Unpickler = unpickler  # type: ignore[attr-defined]
 
     def load_one(file: Any, **kwargs: Any) -> Any:
-        return unpickler(file, **kwargs).load()
+        record = unpickler(file, **kwargs).load()
+        load.records.append(record)
+        return record
 
     module.load = load_one  # type: ignore[attr-defined]
     return module
@@ -545,30 +561,40 @@ def load(
                 f"Could not read {shown} as {what}: it is neither a torch zip archive nor "
                 f"a legacy torch file (it starts with {head!r})."
             )
-        load_state = _Load(allowed, max_storage_bytes=size)
+        load_state = _Load(allowed, size, what, legacy=head != _ZIP_MAGIC)
         try:
-            return torch.load(
+            result = torch.load(
                 stream, map_location=map_location, pickle_module=_pickle_module(load_state),
                 weights_only=False,  # the restricted unpickler does the checking
                 mmap=False,
             )
-        except _Refused as err:
+            if load_state.legacy:
+                _check_legacy_storages_filled(load_state)
+            return result
+        except RefusedPickle as err:
             raise CheckpointError(
-                f"Refusing to load {shown}: {err}, which {what} does not contain. spacy-lean "
-                "reads checkpoints without running code from them; this file was not written "
-                "by Flair, spacy-lean or torch.save of plain tensors, and may be malicious."
+                f"Refusing to load {shown}: {err}. spacy-lean reads checkpoints without "
+                "running code from them; this file was not written by Flair, spacy-lean or "
+                "torch.save of plain tensors, and may be malicious."
             ) from None
         except RecursionError:
             raise CheckpointError(
                 f"Refusing to load {shown}: its pickle is nested too deeply for {what}."
             ) from None
-        except (EOFError, RuntimeError, pickle.UnpicklingError, ValueError, KeyError,
-                IndexError, TypeError, AttributeError, AssertionError,
-                MemoryError, OverflowError, UnicodeDecodeError, struct_error) as err:
+        except Exception as err:  # whatever torch or pickle raise on a broken file
             raise CheckpointError(
                 f"Could not read {shown} as {what}: the file is truncated or corrupt "
                 f"({type(err).__name__}: {str(err)[:300]})"
             ) from err
+
+
+def _check_legacy_storages_filled(load: _Load) -> None:
+    # The legacy format lists the storages whose data follows the pickle; torch
+    # allocates every storage the pickle names, so one left off would keep whatever
+    # the memory held.
+    keys = load.records[-1] if load.records else None
+    if type(keys) is not list or not set(load.storage_bytes) <= set(keys):
+        raise pickle.UnpicklingError("the file names storages whose data it does not contain")
 
 
 def _too_large(shown: str, size: int, limit: int) -> CheckpointError:
@@ -603,11 +629,17 @@ def allowed_globals(
     extra: Optional[Dict[Tuple[str, str], type]] = None,
     names: Optional[Iterable[Tuple[str, str]]] = None,
 ) -> Dict[Tuple[str, str], Any]:
-    """`TENSOR_GLOBALS` (or the named subset of it) plus plain-data classes."""
+    """`TENSOR_GLOBALS` (or the named subset of it) plus plain-data classes.
+
+    A class given here may be created empty (`NEWOBJ` without arguments) and then
+    receives the pickled state through its own `__setstate__`, which must check it
+    and raise `RefusedPickle` for anything unexpected (see
+    `flair_format.FlairDictionaryState`).
+    """
     chosen = dict(TENSOR_GLOBALS) if names is None else {k: TENSOR_GLOBALS[k] for k in names}
     chosen.update(extra or {})
     return chosen
 
 
-__all__ = ["CheckpointError", "load", "allowed_globals", "TENSOR_GLOBALS", "max_bytes",
+__all__ = ["CheckpointError", "RefusedPickle", "load", "allowed_globals", "TENSOR_GLOBALS", "max_bytes",
            "MAX_BYTES_ENV", "DEFAULT_MAX_BYTES", "StandIn"]
