@@ -1,0 +1,252 @@
+"""`spacy evaluate` / `spacy benchmark accuracy` stream for pipelines whose config
+names `spacy-lean.streaming_evaluate.v1` (spacy_lean/cli/spacy_evaluate.py), with
+spaCy's own output, and behave exactly as before for the others."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import spacy
+import srsly
+import typer
+from typer.testing import CliRunner
+
+import spacy_lean.cli  # noqa: F401  (wraps spaCy's evaluate commands, as `python -m spacy` does)
+from spacy_lean import synthetic
+from spacy_lean.cli import spacy_evaluate
+from spacy_lean.streaming import CALLBACK_NAME, is_streaming
+
+from eval_util import add_ruler
+
+pytest.importorskip("torch")
+
+from spacy.cli._util import app  # noqa: E402
+
+runner = CliRunner()
+stock_module = spacy_evaluate.spacy_evaluate_module
+# spaCy's own command, not wrapped: the reference every output is compared with.
+stock_app = typer.Typer(name="spacy", rich_markup_mode=None)
+stock_app.callback()(lambda: None)
+stock_app.command("evaluate")(stock_module.evaluate_cli)
+
+SPEED_ROW = re.compile(r"^SPEED .*$", re.M)
+SPEED_JSON = re.compile(r'^\s*"speed":.*$', re.M)
+# The subprocesses' runs: hash seed fixed, since spaCy's NER scorer orders the labels
+# it first meets as missed gold entities by iterating a set of strings.
+ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+@pytest.fixture(scope="module")
+def models(trf_ner_dir, tmp_path_factory):
+    """The trained transformer + ner fixture with an entity ruler (so the scores are
+    not all zero), saved as is ("plain") and naming the streaming callback ("streaming")."""
+    root = tmp_path_factory.mktemp("spacy_evaluate_models")
+    nlp = add_ruler(spacy.load(trf_ner_dir))
+    nlp.to_disk(root / "plain")
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    nlp.to_disk(root / "streaming")
+    assert is_streaming(spacy.load(root / "streaming"))
+    return {"plain": str(root / "plain"), "streaming": str(root / "streaming")}
+
+
+@pytest.fixture(scope="module")
+def plain_json(models, ner_corpus, tmp_path_factory):
+    """spaCy's `evaluate --output` JSON for the plain pipeline on the dev set, without
+    its speed line."""
+    out = tmp_path_factory.mktemp("plain_scores") / "scores.json"
+    stock_module.evaluate(models["plain"], ner_corpus["dev"], output=out)
+    return SPEED_JSON.sub("", out.read_text(encoding="utf8"))
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    """Three .spacy shards (one in a sub-folder) and a .jsonl file spaCy ignores."""
+    root = tmp_path_factory.mktemp("spacy_evaluate_shards")
+    synthetic.write_ner_corpus(root / "b.spacy", 6, seed=41)
+    synthetic.write_ner_corpus(root / "a" / "a.spacy", 5, seed=42)
+    synthetic.write_ner_corpus(root / "c.spacy", 7, seed=43)
+    (root / "notes.jsonl").write_text('{"text": "not read by spacy evaluate"}\n')
+    return root
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What the streaming path kept for the command and streamed into nlp.evaluate."""
+    calls = []
+    real = spacy_evaluate._evaluate_rest_next
+
+    def recording(nlp, kept, rest):
+        call = {"kept": len(kept), "streamed": 0}
+        calls.append(call)
+
+        def counted():
+            for eg in rest:
+                call["streamed"] += 1
+                yield eg
+
+        real(nlp, kept, counted())
+
+    monkeypatch.setattr(spacy_evaluate, "_evaluate_rest_next", recording)
+    return calls
+
+
+def invoke(cli_app, workdir: Path, *args):
+    """Run `evaluate ARGS` in `workdir` (relative output paths), return the result."""
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        result = runner.invoke(cli_app, [str(a) for a in args])
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def outputs(workdir: Path):
+    """(stdout without the SPEED row, --output JSON text without speed, displaCy HTML)."""
+    html = {p.name: p.read_bytes() for p in sorted((workdir / "html").iterdir())}
+    text = (workdir / "scores.json").read_text(encoding="utf8")
+    return SPEED_JSON.sub("", text), html
+
+
+def run_both(tmp_path, model, data, *args):
+    """spaCy's own command and the wrapped one, same arguments, in two folders."""
+    results = {}
+    for name, cli_app, prefix in (("stock", stock_app, ["evaluate"]), ("ours", app, ["evaluate"])):
+        workdir = tmp_path / name
+        (workdir / "html").mkdir(parents=True)
+        result = invoke(cli_app, workdir, *prefix, model, data, "-o", "scores.json", "-dp", "html", *args)
+        results[name] = (SPEED_ROW.sub("", result.output), *outputs(workdir))
+    return results
+
+
+def test_install_wraps_evaluate_and_benchmark_accuracy_once():
+    assert spacy_evaluate.install(app) == ["evaluate", "benchmark accuracy"]
+    assert spacy_evaluate.install(app) == ["evaluate", "benchmark accuracy"]  # idempotent
+    wrapped = [c.callback for c in app.registered_commands if c.name == "evaluate"]
+    assert len(wrapped) == 1 and wrapped[0].__wrapped__ is stock_module.evaluate_cli
+    # spaCy's options and help, unchanged.
+    ours = runner.invoke(app, ["evaluate", "--help"], terminal_width=100)
+    theirs = runner.invoke(stock_app, ["evaluate", "--help"], terminal_width=100)
+    assert ours.exit_code == 0 and ours.output == theirs.output
+
+
+def test_without_the_callback_output_is_unchanged(models, ner_corpus, tmp_path, recorded):
+    results = run_both(tmp_path, models["plain"], ner_corpus["dev"], "-dl", "4")
+    assert results["ours"] == results["stock"]
+    assert recorded == []  # nothing streamed: spaCy's Corpus read the data
+    assert "NER F" in results["ours"][0] and set(results["ours"][2]) == {"entities.html"}
+
+
+def test_with_the_callback_same_output_and_streaming(models, ner_corpus, plain_json, tmp_path, recorded):
+    results = run_both(tmp_path, models["streaming"], ner_corpus["dev"], "-dl", "4")
+    assert results["ours"] == results["stock"]
+    # The stock run lists all 40 examples; ours keeps the 4 displaCy renders.
+    assert recorded == [{"kept": 4, "streamed": 36}]
+    # And the scores are those of spaCy's Language.evaluate on the plain pipeline.
+    assert results["ours"][1] == plain_json
+
+
+@pytest.mark.parametrize("args", [["-G", "-P", "-dl", "1000"], ["-dl", "-3"]],
+                         ids=["gold-preproc-per-component-limit-above-size", "negative-limit"])
+def test_options_same_as_stock(models, shard_dir, tmp_path, recorded, args):
+    results = run_both(tmp_path, models["streaming"], shard_dir, *args)
+    assert results["ours"] == results["stock"]
+    if args == ["-dl", "-3"]:
+        assert recorded == []  # spaCy slices from the end: it needs every example
+        return
+    nlp = spacy.blank("en")
+    total = sum(1 for _ in spacy.training.Corpus(shard_dir, gold_preproc="-G" in args)(nlp))
+    limit = int(args[args.index("-dl") + 1])
+    assert total > 18  # -G: one example per sentence
+    assert recorded == [{"kept": min(limit, total), "streamed": total - min(limit, total)}]
+
+
+def test_benchmark_accuracy_without_displacy_keeps_nothing(models, shard_dir, tmp_path, recorded):
+    ours, theirs = tmp_path / "ours.json", tmp_path / "theirs.json"
+    invoke(app, tmp_path, "benchmark", "accuracy", models["streaming"], shard_dir, "-o", ours)
+    assert recorded == [{"kept": 0, "streamed": 18}]
+    stock_module.evaluate(models["plain"], shard_dir, output=theirs)
+    assert SPEED_JSON.sub("", ours.read_text()) == SPEED_JSON.sub("", theirs.read_text())
+
+
+def test_python_function(models, ner_corpus, plain_json, tmp_path, recorded):
+    out = tmp_path / "scores.json"
+    ours = spacy_evaluate.evaluate(models["streaming"], ner_corpus["dev"], output=out)
+    assert recorded == [{"kept": 0, "streamed": 40}]
+    assert SPEED_JSON.sub("", out.read_text(encoding="utf8")) == plain_json
+    assert 0 < ours["ents_f"] < 1  # the returned scores are the ones written
+    assert stock_module.Corpus is spacy.training.Corpus  # put back
+
+
+RECORDER = textwrap.dedent('''
+    """--code file: records what the streaming path kept and streamed (when the
+    command was wrapped: spacy-lean's CLI module was loaded at start-up)."""
+    import atexit, json, os, sys
+
+    calls = []
+    atexit.register(lambda: open(os.environ["RECORD"], "w").write(json.dumps(calls)))
+    spacy_evaluate = sys.modules.get("spacy_lean.cli.spacy_evaluate")
+    real = getattr(spacy_evaluate, "_evaluate_rest_next", None)
+
+    def recording(nlp, kept, rest):
+        call = {"kept": len(kept), "streamed": 0}
+        calls.append(call)
+
+        def counted():
+            for eg in rest:
+                call["streamed"] += 1
+                yield eg
+
+        real(nlp, kept, counted())
+
+    if spacy_evaluate is not None:
+        spacy_evaluate._evaluate_rest_next = recording
+''')
+
+STOCK_RUNNER = textwrap.dedent('''
+    # spaCy's CLI without its `spacy_cli` entry points: spaCy's own evaluate command.
+    import sys
+    from spacy.cli._util import app
+    from spacy.cli.evaluate import evaluate_cli
+    from typer.main import get_command
+
+    assert [c.callback for c in app.registered_commands if c.name == "evaluate"] == [evaluate_cli]
+    try:
+        get_command(app)(sys.argv[1:], prog_name="python -m spacy")
+    finally:
+        assert "spacy_lean.cli" not in sys.modules
+''')
+
+
+def test_python_m_spacy_evaluate_streams_with_spacy_output(models, ner_corpus, tmp_path):
+    """The real command, in fresh processes: `python -m spacy evaluate` (spacy-lean's
+    entry point loaded) against spaCy's own command, on the pipeline with the callback."""
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    (tmp_path / "stock.py").write_text(STOCK_RUNNER)
+    args = ["evaluate", models["streaming"], str(ner_corpus["dev"]), "-o", "scores.json",
+            "-dp", "html", "-dl", "5", "-c", str(tmp_path / "recorder.py")]
+    procs = {}
+    for name, cmd in (("ours", [sys.executable, "-m", "spacy"]),
+                      ("stock", [sys.executable, str(tmp_path / "stock.py")])):
+        workdir = tmp_path / name
+        (workdir / "html").mkdir(parents=True)
+        env = dict(ENV, RECORD=str(workdir / "record.json"))
+        procs[name] = subprocess.Popen(cmd + args, cwd=workdir, env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        workdir = tmp_path / name
+        results[name] = (SPEED_ROW.sub("", stdout), *outputs(workdir))
+        results[name + "_record"] = json.loads((workdir / "record.json").read_text())
+    assert results["ours"] == results["stock"]
+    assert "NER F" in results["ours"][0] and results["ours"][2]
+    assert results["ours_record"] == [{"kept": 5, "streamed": 35}]
+    assert results["stock_record"] == []  # spaCy's own command listed all 40
