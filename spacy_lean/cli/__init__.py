@@ -13,3 +13,8 @@ app.add_typer(lean_cli)
 
 # Command modules register themselves on `lean_cli` when imported.
 from . import commands  # noqa: E402,F401
+
+# `spacy evaluate` / `spacy benchmark accuracy` stream for pipelines that opt in.
+from . import spacy_evaluate  # noqa: E402
+
+spacy_evaluate.install(app)
