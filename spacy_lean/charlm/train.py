@@ -17,6 +17,7 @@ share of the streams. The loader state and the hidden states are saved for all
 streams, so a checkpoint resumes on any number of workers that divides the number
 of streams.
 """
+import json
 import math
 import os
 import time
@@ -596,8 +597,23 @@ def _shared_dictionary(
     if dist.is_main:
         items[0] = build_dictionary(texts, min_count=min_count, progress=progress).idx2item
     if dist.enabled:
-        torch.distributed.broadcast_object_list(items, src=0)
+        items[0] = _broadcast_json(items[0], dist)
     return CharDictionary(items[0])
+
+
+def _broadcast_json(obj: Any, dist: _Dist) -> Any:
+    """Send a JSON-serialisable object from the main worker to the others, as UTF-8
+    bytes in a tensor (unlike `broadcast_object_list`, nothing is unpickled)."""
+    use_cuda = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    data = json.dumps(obj).encode("utf8") if dist.is_main else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    torch.distributed.broadcast(size, src=0)
+    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if dist.is_main:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    torch.distributed.broadcast(buffer, src=0)
+    return json.loads(bytes(buffer.cpu().numpy()).decode("utf8"))
 
 
 def _shared_encoding(
