@@ -34,6 +34,9 @@ from .memory import empty_gpu_caches, trim_host_memory
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
 STRIP_CALLBACK_NAME = "spacy-lean.strip_streaming_evaluate.v1"
+# `[nlp.after_pipeline_creation]` callbacks that only matter in training, removed by
+# the strip callback (spacy-lean.lean_training.v1 also installs the streaming evaluate).
+STRIPPED_CALLBACKS = (CALLBACK_NAME, "spacy-lean.lean_training.v1")
 CHECKPOINT_FORMAT = "spacy-lean.eval-checkpoint.v1"
 # Read-ahead window, in batches, when no window size is given: the window is sorted by
 # length before it is cut into batches, which cuts padding in the transformer.
@@ -535,7 +538,8 @@ def make_streaming_evaluate_v1(
 @registry.callbacks(STRIP_CALLBACK_NAME)
 def make_strip_streaming_evaluate_v1() -> Callable[[Language], Language]:
     """A `[training.before_to_disk]` callback that removes
-    `spacy-lean.streaming_evaluate.v1` from the config of the pipeline being saved, so
+    `spacy-lean.streaming_evaluate.v1` (or `spacy-lean.lean_training.v1`) from the
+    config of the pipeline being saved, so
     the saved pipeline loads where spacy-lean is not installed (and evaluates with
     spaCy's own `Language.evaluate` there). Training keeps streaming.
 
@@ -545,7 +549,7 @@ def make_strip_streaming_evaluate_v1() -> Callable[[Language], Language]:
     def before_to_disk(nlp: Language) -> Language:
         nlp_cfg = nlp.config["nlp"]
         callback = nlp_cfg.get("after_pipeline_creation") or {}
-        if isinstance(callback, dict) and callback.get("@callbacks") == CALLBACK_NAME:
+        if isinstance(callback, dict) and callback.get("@callbacks") in STRIPPED_CALLBACKS:
             nlp_cfg["after_pipeline_creation"] = None
         return nlp
 

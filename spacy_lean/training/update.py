@@ -1,35 +1,412 @@
-"""Out-of-memory-safe updates (interface first; the splitting lands next)."""
+"""Out-of-memory-safe updates with token-budget gradient accumulation.
+
+`lean_update` is `nlp.update(examples, sgd=False)` that does not die of one large
+batch. When the update runs out of GPU memory (torch's or cupy's OutOfMemoryError), the
+gradients and losses the failed attempt left behind are put back as they were, the
+GPU caches are emptied, and the batch is updated again as micro-batches of at most half
+the failed micro-batch's padded size (halves, then quarters, ...), each without an
+optimizer step, so the gradients add up to the whole batch's. The caller's optimizer
+then steps once, as it would have after the whole batch. The working size is kept
+(per padded size of the batch, rounded up to a power of two) for later batches, and
+a ceiling in padded tokens per micro-batch can be set from the start
+(`UpdatePolicy.max_padded_tokens`): an effective batch far larger than fits.
+
+Why the micro-batches add up to the whole batch (checked in spaCy 3.8 and
+spacy-transformers 1.3): every trainable component that spaCy and spacy-transformers
+ship computes its gradient as a sum over the batch, never divided by the batch size
+(ner/parser: `get_batch_loss` is "not normalized"; tagger, morphologizer, senter,
+trainable_lemmatizer: `SequenceCategoricalCrossentropy(normalize=False)`; spancat,
+textcat, textcat_multilabel: `scores - truths`; tok2vec and transformer: the sum of
+their listeners' gradients). So no gradient needs rescaling. The reported loss of
+textcat and textcat_multilabel is a mean over the batch (`(d_scores**2).mean()`); its
+micro-batch losses are weighted by their share of the batch, every other loss is summed.
+The parser's table of unseen classes (which masks scores during an update) is restored
+before each micro-batch and merged afterwards, as the whole batch would have left it.
+One gradient is not a sum over the batch in spaCy 3: the parser/ner lower layer's W
+gets a term from the batch's last token for every missing context feature;
+`exact_parser_gradient` (on by default) removes that term (see `parser_grad`).
+
+Exact only with dropout 0: dropout draws random masks per call. The parser's oracle cut
+(`update_with_oracle_cut_size`) draws a random length per call too, which matters for
+docs longer than half of it.
+"""
+import gc
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from spacy.language import Language
+from spacy.pipeline import (
+    EditTreeLemmatizer,
+    Morphologizer,
+    SentenceRecognizer,
+    SpanCategorizer,
+    Tagger,
+    TextCategorizer,
+    Tok2Vec,
+)
+from spacy.pipeline.transition_parser import Parser
 from spacy.training import Example
+from thinc.api import Model
+
+from ..memory import empty_gpu_caches
+from ..streaming import cuda_oom_errors
+from .parser_grad import install_exact_parser_gradient
+
+# Components whose update was checked: the gradient is a sum over the batch, the loss
+# value too ("sum") or a mean over its docs ("mean"). A custom component can declare
+# its own with a `lean_loss_reduction` attribute ("sum" or "mean").
+_CHECKED_SUM: Tuple[type, ...] = (
+    Parser,
+    Tagger,
+    Morphologizer,
+    SentenceRecognizer,
+    SpanCategorizer,
+    EditTreeLemmatizer,
+    Tok2Vec,
+)
+_CHECKED_MEAN: Tuple[type, ...] = (TextCategorizer,)
+try:  # spacy-transformers is a dependency, but keep the module importable without it
+    from spacy_transformers import Transformer as _Transformer
+
+    _CHECKED_SUM = _CHECKED_SUM + (_Transformer,)
+except ImportError:  # pragma: no cover
+    pass
+
+
+class OOMSplitWarning(UserWarning):
+    """A batch ran out of memory and was updated in micro-batches."""
+
+
+class BatchTooLargeError(RuntimeError):
+    """A single doc runs out of memory: the batch cannot be split further."""
 
 
 @dataclass
 class UpdatePolicy:
-    """Settings, learned state and counters of `lean_update`.
+    """Settings, learned state and counters of `lean_update`. Keep one per training
+    run and pass it to every call; `to_dict`/`from_dict` save and restore it.
 
-    max_padded_tokens (Optional[int]): ceiling in padded tokens per micro-batch
-        (docs x longest doc, in spaCy tokens); None for no ceiling.
+    max_padded_tokens (Optional[int]): ceiling per micro-batch in padded tokens (docs x
+        longest doc); None for no ceiling. A doc longer than it is updated alone.
+    wordpiece_tokenizer (Optional[str]): measure lengths in this Hugging Face fast
+        tokenizer's wordpieces (the transformer's `name`) instead of spaCy tokens.
+    gradient_checkpointing (bool): turn on activation checkpointing in every Hugging
+        Face model of the pipeline (recompute activations in the backward pass).
+    exact_parser_gradient (bool): remove the batch-dependent term from the weight
+        gradient of the parser/ner lower layer (see `parser_grad`), without which a
+        split batch cannot give the whole batch's update for those components.
+    learned_limits (Dict[int, int]): padded size of a batch, rounded up to a power of
+        two -> micro-batch padded size that worked after running out of memory.
     """
 
     max_padded_tokens: Optional[int] = None
-    parts: Dict[int, int] = field(default_factory=dict)
-    oom_splits: int = 0
-    micro_batches: int = 0
+    wordpiece_tokenizer: Optional[str] = None
+    gradient_checkpointing: bool = False
+    exact_parser_gradient: bool = True
+    learned_limits: Dict[int, int] = field(default_factory=dict)
+    # Counters.
     batches: int = 0
     examples: int = 0
+    micro_batches: int = 0
+    split_batches: int = 0
+    oom_errors: int = 0
+    oom_splits: int = 0
+    oversize_docs: int = 0
+    _get_length: Optional[Callable[[Example], int]] = field(default=None, repr=False, compare=False)
+    _warned: Set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_padded_tokens is not None and self.max_padded_tokens < 1:
+            raise ValueError(
+                f"max_padded_tokens must be a positive number of padded tokens, got "
+                f"{self.max_padded_tokens}. Use null (None) for no ceiling."
+            )
+
+    @property
+    def unit(self) -> str:
+        return "wordpieces" if self.wordpiece_tokenizer else "tokens"
+
+    def length(self, example: Example) -> int:
+        """Length of an example's predicted doc, in the policy's unit."""
+        if self._get_length is None:
+            from ..corpus.lengths import get_length_function
+
+            self._get_length = get_length_function(self.wordpiece_tokenizer)
+        return self._get_length(example)
+
+    def limit_for(self, padded: int) -> Optional[int]:
+        """Micro-batch padded size to start a batch of this padded size with: the
+        ceiling, lowered by what was learned for batches of this size or smaller."""
+        bucket = _bucket(padded)
+        limits = [v for b, v in self.learned_limits.items() if b <= bucket]
+        if self.max_padded_tokens is not None:
+            limits.append(self.max_padded_tokens)
+        return min(limits) if limits else None
+
+    def learn(self, padded: int, limit: int) -> bool:
+        """Keep `limit` for batches of this padded size. RETURNS whether it is new."""
+        bucket = _bucket(padded)
+        known = self.learned_limits.get(bucket)
+        if known is not None and known <= limit:
+            return False
+        self.learned_limits[bucket] = limit
+        return True
+
+    def stats(self) -> Dict[str, int]:
+        """The counters: batches and examples updated, micro-batch updates, batches
+        split (by the ceiling or after running out of memory), out-of-memory errors
+        caught, batches split because of one, docs longer than the ceiling."""
+        return {
+            key: getattr(self, key)
+            for key in (
+                "batches",
+                "examples",
+                "micro_batches",
+                "split_batches",
+                "oom_errors",
+                "oom_splits",
+                "oversize_docs",
+            )
+        }
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        """Settings, learned limits (JSON keys are strings) and counters."""
+        out: Dict[str, Any] = {
             "max_padded_tokens": self.max_padded_tokens,
-            "parts": {str(k): v for k, v in self.parts.items()},
-            "oom_splits": self.oom_splits,
-            "micro_batches": self.micro_batches,
-            "batches": self.batches,
-            "examples": self.examples,
+            "wordpiece_tokenizer": self.wordpiece_tokenizer,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "exact_parser_gradient": self.exact_parser_gradient,
+            "learned_limits": {str(k): v for k, v in sorted(self.learned_limits.items())},
         }
+        out.update(self.stats())
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "UpdatePolicy":
+        data = dict(data)
+        data["learned_limits"] = {int(k): int(v) for k, v in data.get("learned_limits", {}).items()}
+        return cls(**data)
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, OOMSplitWarning, stacklevel=3)
+
+
+def _bucket(padded: int) -> int:
+    """The padded size rounded up to a power of two."""
+    return 1 << max(0, int(padded) - 1).bit_length()
+
+
+def padded_size(lengths: Sequence[int]) -> int:
+    """Padded size of a batch: count x longest."""
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+def plan_micro_batches(lengths: Sequence[int], limit: Optional[int]) -> List[List[int]]:
+    """Cut a batch into micro-batches of at most `limit` padded tokens.
+
+    The docs are taken longest first, so each micro-batch holds docs of similar length;
+    a doc longer than the limit is a micro-batch alone. Empty docs join the last
+    micro-batch (a micro-batch of only empty docs would skip updates that the whole
+    batch makes). Without a limit, or when the batch fits, the batch is one micro-batch
+    in its own order.
+
+    lengths (Sequence[int]): length of each doc.
+    limit (Optional[int]): padded tokens per micro-batch.
+    RETURNS (List[List[int]]): indices into `lengths`, per micro-batch.
+    """
+    n = len(lengths)
+    if limit is None or n <= 1 or padded_size(lengths) <= limit:
+        return [list(range(n))]
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    groups: List[List[int]] = []
+    current: List[int] = []
+    empty: List[int] = []
+    for i in order:
+        if lengths[i] == 0:
+            empty.append(i)
+            continue
+        if current and (len(current) + 1) * lengths[current[0]] > limit:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    if not groups:
+        return [list(range(n))]
+    groups[-1].extend(empty)
+    return groups
+
+
+# ---------------------------------------------------------------------------------
+# The state an update changes besides the parameters, saved so a failed attempt can be
+# undone: gradients (thinc's and torch's) and the parser's unseen classes.
+
+_ABSENT = "absent"
+_ZERO = "zero"
+
+
+def _models(nlp: Language) -> List[Model]:
+    models: List[Model] = []
+    seen: Set[int] = set()
+    for _, proc in nlp.pipeline:
+        model = getattr(proc, "model", None)
+        if isinstance(model, Model):
+            for node in model.walk():
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    models.append(node)
+    return models
+
+
+def _torch_modules(nodes: Iterable[Model]) -> List[Any]:
+    modules: List[Any] = []
+    seen: Set[int] = set()
+    for node in nodes:
+        for shim in node.shims:
+            module = getattr(shim, "_model", None)
+            if module is not None and hasattr(module, "parameters") and id(module) not in seen:
+                seen.add(id(module))
+                modules.append(module)
+    return modules
+
+
+class _UpdateState:
+    """A snapshot of the gradients and unseen-class tables of a pipeline. All-zero
+    gradients (the usual state right after an optimizer step) are only marked, not
+    copied, so the snapshot costs memory only when gradients are accumulated across
+    several calls before a step."""
+
+    def __init__(self, nlp: Language):
+        nodes = _models(nlp)
+        self.thinc: List[Tuple[Model, str, Any]] = []
+        for node in nodes:
+            for name in node.param_names:
+                if not node.has_grad(name):
+                    self.thinc.append((node, name, _ABSENT))
+                    continue
+                grad = node.get_grad(name)
+                self.thinc.append((node, name, grad.copy() if grad.any() else _ZERO))
+        params = []
+        seen: Set[int] = set()
+        for module in _torch_modules(nodes):
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    params.append(param)
+        with_grad = [p for p in params if p.grad is not None]
+        nonzero: List[bool] = []
+        if with_grad:
+            import torch
+
+            nonzero = torch.stack([p.grad.any() for p in with_grad]).tolist()
+        flags = dict(zip(map(id, with_grad), nonzero))
+        self.torch: List[Tuple[Any, Any]] = []
+        for p in params:
+            if p.grad is None:
+                self.torch.append((p, _ABSENT))
+            else:
+                self.torch.append((p, p.grad.detach().clone() if flags[id(p)] else _ZERO))
+        self.unseen: List[Tuple[Set[int], frozenset]] = [
+            (node.attrs["unseen_classes"], frozenset(node.attrs["unseen_classes"]))
+            for node in nodes
+            if isinstance(node.attrs.get("unseen_classes"), set)
+        ]
+
+    def restore_unseen(self) -> None:
+        for table, saved in self.unseen:
+            table.clear()
+            table.update(saved)
+
+    def read_unseen(self) -> List[frozenset]:
+        return [frozenset(table) for table, _ in self.unseen]
+
+    def merge_unseen(self, after: List[List[frozenset]]) -> None:
+        """Leave each table as the whole batch would have: a class stays unseen only
+        if no micro-batch saw it."""
+        for k, (table, saved) in enumerate(self.unseen):
+            merged = set(saved)
+            for tables in after:
+                merged &= tables[k]
+            table.clear()
+            table.update(merged)
+
+    def restore(self) -> None:
+        """Put every gradient back as it was at the snapshot."""
+        for node, name, saved in self.thinc:
+            if saved is _ABSENT:
+                node._params._grads.pop((node.id, name), None)
+            elif not node.has_grad(name):
+                shape = node.get_param(name).shape
+                node.set_grad(name, node.ops.alloc(shape) if saved is _ZERO else saved.copy())
+            elif saved is _ZERO:
+                node.get_grad(name).fill(0)
+            else:
+                node.get_grad(name)[...] = saved
+        for param, saved in self.torch:
+            if saved is _ABSENT:
+                param.grad = None
+            elif param.grad is None:
+                zeros = saved is _ZERO
+                param.grad = param.detach().new_zeros(param.shape) if zeros else saved.clone()
+            elif saved is _ZERO:
+                param.grad.zero_()
+            else:
+                param.grad.copy_(saved)
+        self.restore_unseen()
+
+
+# ---------------------------------------------------------------------------------
+
+
+def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -> Dict[str, str]:
+    """How each updated component reduces its loss: "sum" or "mean" (over docs)."""
+    reductions: Dict[str, str] = {}
+    excluded = set(exclude)
+    for name, proc in nlp.pipeline:
+        if name in excluded or not hasattr(proc, "update"):
+            continue
+        declared = getattr(proc, "lean_loss_reduction", None)
+        if declared in ("sum", "mean"):
+            reductions[name] = declared
+        elif isinstance(proc, _CHECKED_MEAN):
+            reductions[name] = "mean"
+        elif isinstance(proc, _CHECKED_SUM):
+            reductions[name] = "sum"
+        else:
+            reductions[name] = "sum"
+            factory = nlp.get_pipe_meta(name).factory
+            policy.warn_once(
+                f"unchecked:{name}",
+                f"Splitting a batch for component '{name}' (factory '{factory}'), whose loss "
+                "normalisation spacy-lean has not checked: the micro-batches' gradients are "
+                "summed, which equals the whole batch's update only if its gradient is a sum "
+                "over the batch. Set `lean_loss_reduction = \"sum\"` (or \"mean\" for a loss "
+                "value averaged over docs) on the component to declare it.",
+            )
+    return reductions
+
+
+def enable_gradient_checkpointing(nlp: Language) -> int:
+    """Turn on activation checkpointing in every Hugging Face model of the pipeline
+    that supports it (`gradient_checkpointing_enable`, non-reentrant). A transformer
+    loads its Hugging Face model in `initialize`, so call this afterwards (the
+    `lean_update` policy setting does it at the first update). Only training is
+    affected: Hugging Face models skip checkpointing in eval mode.
+
+    nlp (Language): the pipeline.
+    RETURNS (int): how many models have it on.
+    """
+    count = 0
+    for module in _torch_modules(_models(nlp)):
+        if not getattr(module, "supports_gradient_checkpointing", False):
+            continue
+        if not getattr(module, "is_gradient_checkpointing", False):
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        count += 1
+    return count
 
 
 def lean_update(
@@ -40,16 +417,146 @@ def lean_update(
     losses: Optional[Dict[str, float]] = None,
     exclude: Iterable[str] = (),
     annotates: Iterable[str] = (),
+    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
     policy: Optional[UpdatePolicy] = None,
 ) -> Dict[str, float]:
-    """Like `nlp.update(..., sgd=False)`: accumulates gradients, never steps the optimizer."""
+    """Like `nlp.update(examples, sgd=False, ...)`: accumulate the batch's gradients
+    on the models, never step the optimizer, and survive running out of GPU memory.
+
+    The batch is cut into micro-batches within the policy's padded-token limit (none by
+    default: one call, exactly `nlp.update`). When an update runs out of memory, what
+    the failed attempt accumulated is undone and the batch is updated again in
+    micro-batches of half the failed one's padded size, until it fits.
+
+    nlp (Language): the pipeline.
+    examples (Iterable[Example]): the batch.
+    drop (float): dropout rate (use 0 where a split must give the exact same update).
+    losses (Optional[Dict[str, float]]): updated with the whole batch's losses.
+    exclude (Iterable[str]): components not to update.
+    annotates (Iterable[str]): components that set annotations during the update.
+    component_cfg (Optional[dict]): extra keyword arguments per component.
+    policy (Optional[UpdatePolicy]): settings, learned limits and counters; keep one
+        per training run. None: a fresh default policy.
+    RETURNS (Dict[str, float]): the losses.
+    RAISES BatchTooLargeError: one doc alone runs out of memory.
+    """
     examples = list(examples)
     if losses is None:
         losses = {}
-    if policy is not None:
-        policy.batches += 1
-        policy.micro_batches += 1
-        policy.examples += len(examples)
-    return nlp.update(
-        examples, drop=drop, losses=losses, sgd=False, exclude=exclude, annotates=annotates
-    )
+    if policy is None:
+        policy = UpdatePolicy()
+    exclude = list(exclude)
+    annotates = list(annotates)
+    if policy.gradient_checkpointing and enable_gradient_checkpointing(nlp) == 0:
+        policy.warn_once(
+            "checkpointing",
+            "gradient_checkpointing is on but no Hugging Face model in the pipeline "
+            "supports it (or none is loaded yet); training without it.",
+        )
+    if policy.exact_parser_gradient:
+        install_exact_parser_gradient(nlp)
+    if not examples:
+        return losses
+    lengths = [policy.length(eg) for eg in examples]
+    padded = padded_size(lengths)
+    limit = policy.limit_for(padded)
+    oom_errors = cuda_oom_errors()
+    state = _UpdateState(nlp)
+    saved_losses = dict(losses)
+    retried = False
+    while True:
+        groups = plan_micro_batches(lengths, limit)
+        failed: Optional[List[int]] = None
+        progress: Dict[str, List[int]] = {}
+        try:
+            _update_groups(
+                nlp, examples, groups, state, losses, policy, progress,
+                drop=drop, exclude=exclude, annotates=annotates, component_cfg=component_cfg,
+            )
+        except oom_errors as err:
+            failed = progress["group"]
+            policy.oom_errors += 1
+            if len(failed) == 1:
+                _undo(state, losses, saved_losses)
+                i = failed[0]
+                text = examples[i].predicted.text
+                raise BatchTooLargeError(
+                    f"Out of memory updating on one doc alone: doc {i} of a batch of "
+                    f"{len(examples)}, {lengths[i]} {policy.unit} long (starts "
+                    f"{text[:60]!r}). It cannot be split further. Shorten or split long "
+                    "docs before training (e.g. into sentences, or with lean_cleaner's "
+                    "length limit), or use less memory per doc (gradient_checkpointing, "
+                    "a shorter transformer window, mixed precision)."
+                ) from err
+        if failed is None:
+            break
+        # Outside the except block, so the failed attempt's frames are gone.
+        _undo(state, losses, saved_losses)
+        failed_padded = padded_size([lengths[i] for i in failed])
+        limit = max(1, failed_padded // 2)
+        retried = True
+    n_micro = len(groups)
+    policy.batches += 1
+    policy.examples += len(examples)
+    policy.micro_batches += n_micro
+    if n_micro > 1:
+        policy.split_batches += 1
+        policy.oversize_docs += sum(
+            1 for g in groups
+            if len(g) == 1 and policy.max_padded_tokens is not None
+            and lengths[g[0]] > policy.max_padded_tokens
+        )
+    if retried:
+        policy.oom_splits += 1
+        if policy.learn(padded, limit):
+            policy.warn_once(
+                f"learned:{_bucket(padded)}:{limit}",
+                f"Out of memory on a batch of {len(examples)} docs ({padded:,} padded "
+                f"{policy.unit}, longest {max(lengths)}): updated it in {n_micro} "
+                f"micro-batches of at most {limit:,} padded {policy.unit} with the gradients "
+                f"accumulated (the same update). Batches of up to {_bucket(padded):,} padded "
+                f"{policy.unit} are split this way from now on. Set max_padded_tokens to "
+                "split before running out.",
+            )
+    return losses
+
+
+def _undo(state: _UpdateState, losses: Dict[str, float], saved_losses: Dict[str, float]) -> None:
+    gc.collect()
+    state.restore()
+    losses.clear()
+    losses.update(saved_losses)
+    empty_gpu_caches()
+
+
+def _update_groups(
+    nlp: Language,
+    examples: List[Example],
+    groups: List[List[int]],
+    state: _UpdateState,
+    losses: Dict[str, float],
+    policy: UpdatePolicy,
+    progress: Dict[str, List[int]],
+    **kwargs: Any,
+) -> None:
+    """Update on each micro-batch, adding the losses up as the whole batch would.
+    `progress["group"]` names the micro-batch being updated."""
+    # The class's update: `nlp.update` may be this module's, installed on the instance.
+    update = type(nlp).update
+    if len(groups) == 1:
+        progress["group"] = groups[0]
+        update(nlp, examples, sgd=False, losses=losses, **kwargs)
+        return
+    reductions = _loss_weights(nlp, policy, kwargs["exclude"])
+    unseen_after = []
+    n = len(examples)
+    for group in groups:
+        part_losses: Dict[str, float] = {}
+        state.restore_unseen()
+        progress["group"] = group
+        update(nlp, [examples[i] for i in group], sgd=False, losses=part_losses, **kwargs)
+        unseen_after.append(state.read_unseen())
+        for key, value in part_losses.items():
+            weight = len(group) / n if reductions.get(key) == "mean" else 1.0
+            losses[key] = losses.get(key, 0.0) + weight * value
+    state.merge_unseen(unseen_after)

@@ -1,0 +1,126 @@
+"""spaCy integration: make `nlp.update` out-of-memory-safe on an instance, so stock
+`spacy train config.cfg` trains with `lean_update` (an `[nlp.after_pipeline_creation]`
+callback, like the streaming evaluation's)."""
+import types
+from typing import Any, Callable, Dict, Iterable, Optional
+
+from spacy.language import Language
+from spacy.training import Example
+from spacy.util import registry
+from thinc.api import Optimizer
+
+from ..streaming import install_streaming_evaluate
+from .update import UpdatePolicy, lean_update
+
+CALLBACK_NAME = "spacy-lean.lean_training.v1"
+
+
+def install_lean_update(nlp: Language, policy: Optional[UpdatePolicy] = None) -> Language:
+    """Replace `nlp.update` on this instance by `lean_update` with one policy (see
+    `get_update_policy`). With `sgd=False` (as spaCy's training loop calls it) the
+    gradients are only accumulated; with an optimizer (or None, spaCy's default one)
+    every updated component steps after the whole batch, as in spaCy's training loop.
+    (`Language.update` steps each component right after its own update, so a
+    transformer or tok2vec steps before its listeners' gradients arrive and applies
+    them one call later.)
+
+    nlp (Language): the pipeline; modified in place.
+    policy (Optional[UpdatePolicy]): settings and state; None for the defaults.
+    RETURNS (Language): the same pipeline.
+    """
+    if policy is None:
+        policy = UpdatePolicy()
+
+    def lean_training_update(
+        self: Language,
+        examples: Iterable[Example],
+        _: Optional[Any] = None,
+        *,
+        drop: float = 0.0,
+        sgd: Optional[Optimizer] = None,
+        losses: Optional[Dict[str, float]] = None,
+        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+        exclude: Iterable[str] = (),
+        annotates: Iterable[str] = (),
+    ) -> Dict[str, float]:
+        if _ is not None:  # the same guard as Language.update
+            return Language.update(self, examples, _, drop=drop, sgd=sgd, losses=losses)
+        exclude = list(exclude)
+        losses = lean_update(
+            self,
+            examples,
+            drop=drop,
+            losses=losses,
+            exclude=exclude,
+            annotates=annotates,
+            component_cfg=component_cfg,
+            policy=policy,
+        )
+        if sgd is not False:
+            if sgd is None:
+                if self._optimizer is None:
+                    self._optimizer = self.create_optimizer()
+                sgd = self._optimizer
+            for name, proc in self.pipeline:
+                if (
+                    name not in exclude
+                    and getattr(proc, "is_trainable", False)
+                    and getattr(proc, "model", None) not in (True, False, None)
+                ):
+                    proc.finish_update(sgd)
+        return losses
+
+    lean_training_update.__doc__ = lean_update.__doc__
+    lean_training_update.policy = policy  # type: ignore[attr-defined]
+    nlp.update = types.MethodType(lean_training_update, nlp)  # type: ignore[method-assign]
+    return nlp
+
+
+def get_update_policy(nlp: Language) -> Optional[UpdatePolicy]:
+    """The policy of an `nlp.update` installed by `install_lean_update`, else None."""
+    method = nlp.__dict__.get("update")
+    return getattr(getattr(method, "__func__", None), "policy", None)
+
+
+@registry.callbacks(CALLBACK_NAME)
+def make_lean_training_v1(
+    max_padded_tokens: Optional[int] = None,
+    wordpiece_tokenizer: Optional[str] = None,
+    gradient_checkpointing: bool = False,
+    streaming_evaluate: bool = True,
+    eval_window_size: Optional[int] = None,
+) -> Callable[[Language], Language]:
+    """An `[nlp.after_pipeline_creation]` callback for `spacy train`: batches that
+    run out of GPU memory are updated in micro-batches (the same update), an optional
+    ceiling in padded tokens per micro-batch, optional activation checkpointing of the
+    Hugging Face models, and (by default) the streaming dev evaluation of
+    `spacy-lean.streaming_evaluate.v1`, since both need this one config slot.
+
+    A pipeline saved with it names it in its config and needs spacy-lean to load; add
+    `spacy-lean.strip_streaming_evaluate.v1` as `[training.before_to_disk]` to save
+    pipelines that load without spacy-lean.
+
+    max_padded_tokens (Optional[int]): ceiling per micro-batch, docs x longest doc
+        (in spaCy tokens, or wordpieces with `wordpiece_tokenizer`); null for none.
+    wordpiece_tokenizer (Optional[str]): measure lengths in this tokenizer's wordpieces.
+    gradient_checkpointing (bool): recompute the transformer's activations in the
+        backward pass instead of keeping them.
+    streaming_evaluate (bool): also make `nlp.evaluate` streaming.
+    eval_window_size (Optional[int]): its read-ahead window (see `spacy_lean.evaluate`).
+    RETURNS (Callable[[Language], Language]): the callback.
+    """
+    # Validate the settings when the config is resolved, not at the first batch.
+    UpdatePolicy(max_padded_tokens=max_padded_tokens)
+
+    def after_pipeline_creation(nlp: Language) -> Language:
+        policy = UpdatePolicy(
+            max_padded_tokens=max_padded_tokens,
+            wordpiece_tokenizer=wordpiece_tokenizer,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+        install_lean_update(nlp, policy)
+        if streaming_evaluate:
+            install_streaming_evaluate(nlp, window_size=eval_window_size)
+        return nlp
+
+    return after_pipeline_creation

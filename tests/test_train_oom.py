@@ -1,0 +1,540 @@
+"""Out-of-memory-safe training (issue 10, part 1): a batch that runs out of memory is
+updated in micro-batches and gives the same update as the whole batch.
+
+The pipeline is real: the tiny local BERT (dropout 0) with ner, textcat and tagger
+listening to it, and `lean_oom_probe` last, which raises torch's OutOfMemoryError when a
+batch's padded size (docs x longest doc) is above its limit, i.e. after the
+transformer's backward pass has already added gradients, as a real out-of-memory error
+in a late component would. Tolerance: each gradient and parameter array equal to
+|a - b| <= 1e-4 |b| + max(1e-6, 1e-5 max|b|) elementwise (float32 sums taken in
+another order, so elements that cancel out get an absolute error on the scale of the
+array's largest), losses to rel 1e-5. Parameters after Adam steps (lr 1e-3): the same
+with an absolute 3e-5, since Adam turns gradient noise on parameters whose true gradient
+is zero (BERT's attention key biases: ~1e-10) into steps of up to lr x noise / eps.
+
+This module is also given to `spacy train --code` (it registers the probe), so it keeps
+its module level light.
+"""
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy
+import pytest
+import spacy
+from spacy.language import Language
+from spacy.training import Example
+from spacy.util import fix_random_seed
+from thinc.api import Adam, Config
+
+from spacy_lean import synthetic
+from spacy_lean.training import (
+    BatchTooLargeError,
+    OOMSplitWarning,
+    UpdatePolicy,
+    enable_gradient_checkpointing,
+    get_update_policy,
+    install_exact_parser_gradient,
+    install_lean_update,
+    lean_update,
+    plan_micro_batches,
+)
+from spacy_lean.training.callbacks import CALLBACK_NAME
+
+RTOL, ATOL, SCALE_TOL = 1e-4, 1e-6, 1e-5
+PARAM_ATOL = 3e-5
+
+
+@Language.factory("lean_oom_probe", default_config={"limit": 0})
+def make_oom_probe(nlp, name, limit):
+    return OOMProbe(name, limit)
+
+
+class OOMProbe:
+    """Raises torch's OutOfMemoryError in `update` when the batch's padded size is above
+    `limit` (0: never); records the docs of the updates that went through."""
+
+    lean_loss_reduction = "sum"
+
+    def __init__(self, name, limit):
+        self.name = name
+        self.limit = limit
+        self.seen = []
+        self.raised = 0
+
+    def __call__(self, doc):
+        return doc
+
+    def update(self, examples, *, drop=0.0, sgd=None, losses=None):
+        import torch
+
+        lengths = [len(eg.predicted) for eg in examples]
+        padded = len(lengths) * max(lengths)
+        if self.limit and padded > self.limit:
+            self.raised += 1
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (simulated: {padded} padded tokens > {self.limit})"
+            )
+        self.seen.extend(eg.predicted.text for eg in examples)
+        return losses
+
+
+PIPELINE_CONFIG = """
+[paths]
+train = null
+dev = null
+transformer = null
+
+[system]
+gpu_allocator = null
+seed = 0
+
+[nlp]
+lang = "en"
+pipeline = ["transformer","ner","textcat","tagger","oom_probe"]
+batch_size = 32
+
+[components]
+
+[components.transformer]
+factory = "transformer"
+max_batch_items = 4096
+
+[components.transformer.model]
+@architectures = "spacy-transformers.TransformerModel.v3"
+name = ${paths.transformer}
+mixed_precision = false
+transformer_config = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+[components.transformer.model.get_spans]
+@span_getters = "spacy-transformers.strided_spans.v1"
+window = 32
+stride = 24
+
+[components.transformer.model.tokenizer_config]
+use_fast = true
+
+[components.ner]
+factory = "ner"
+update_with_oracle_cut_size = 0
+
+[components.ner.model]
+@architectures = "spacy.TransitionBasedParser.v2"
+state_type = "ner"
+extra_state_tokens = false
+hidden_width = 16
+maxout_pieces = 2
+use_upper = false
+nO = null
+
+[components.ner.model.tok2vec]
+@architectures = "spacy-transformers.TransformerListener.v1"
+grad_factor = 1.0
+upstream = "transformer"
+
+[components.ner.model.tok2vec.pooling]
+@layers = "reduce_mean.v1"
+
+[components.textcat]
+factory = "textcat"
+
+[components.textcat.model]
+@architectures = "spacy.TextCatCNN.v2"
+exclusive_classes = true
+nO = null
+
+[components.textcat.model.tok2vec]
+@architectures = "spacy-transformers.TransformerListener.v1"
+grad_factor = 1.0
+upstream = "transformer"
+
+[components.textcat.model.tok2vec.pooling]
+@layers = "reduce_mean.v1"
+
+[components.tagger]
+factory = "tagger"
+
+[components.tagger.model]
+@architectures = "spacy.Tagger.v2"
+nO = null
+
+[components.tagger.model.tok2vec]
+@architectures = "spacy-transformers.TransformerListener.v1"
+grad_factor = 1.0
+upstream = "transformer"
+
+[components.tagger.model.tok2vec.pooling]
+@layers = "reduce_mean.v1"
+
+[components.oom_probe]
+factory = "lean_oom_probe"
+limit = 0
+
+[corpora]
+
+[corpora.train]
+@readers = "spacy.Corpus.v1"
+path = ${paths.train}
+
+[corpora.dev]
+@readers = "spacy.Corpus.v1"
+path = ${paths.dev}
+
+[training]
+seed = ${system.seed}
+dropout = 0.0
+max_epochs = 0
+max_steps = 6
+eval_frequency = 3
+patience = 0
+accumulate_gradient = 1
+
+[training.batcher]
+@batchers = "spacy.batch_by_sequence.v1"
+size = 8
+
+[training.optimizer]
+@optimizers = "Adam.v1"
+learn_rate = 0.001
+
+[training.score_weights]
+ents_f = 1.0
+"""
+
+
+def annotate(docs):
+    """Give the generated NER docs a document class and tags (for textcat and tagger)."""
+    for doc in docs:
+        has_person = any(ent.label_ == "PERSON" for ent in doc.ents)
+        doc.cats = {"PERSON": float(has_person), "OTHER": float(not has_person)}
+        for token in doc:
+            token.tag_ = token.ent_type_ or ("PUNCT" if token.is_punct else "O")
+    return docs
+
+
+def make_examples(nlp, n, seed):
+    docs = annotate(synthetic.make_ner_docs(nlp, n, seed=seed, long_doc_rate=0.0))
+    return [Example(nlp.make_doc(d.text), d) for d in docs]
+
+
+@pytest.fixture(scope="module")
+def pipeline_dir(tmp_path_factory, tiny_transformer):
+    fix_random_seed(0)
+    config = Config().from_str(PIPELINE_CONFIG, overrides={"paths.transformer": str(tiny_transformer)})
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    examples = make_examples(nlp, 24, seed=11)
+    nlp.initialize(lambda: examples)
+    path = tmp_path_factory.mktemp("oom_pipeline") / "model"
+    nlp.to_disk(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def batches(pipeline_dir):
+    nlp = spacy.load(pipeline_dir)
+    examples = make_examples(nlp, 24, seed=12)
+    return [examples[i : i + 8] for i in range(0, 24, 8)]
+
+
+def fresh(pipeline_dir, limit=0, exact=True):
+    """The saved pipeline, with the probe's limit and (by default) the ner's exact
+    W gradient, which `lean_update` installs too: the stock one is not additive over
+    sub-batches (see test_stock_parser_gradient_depends_on_the_last_token)."""
+    nlp = spacy.load(pipeline_dir)
+    nlp.get_pipe("oom_probe").limit = limit
+    if exact:
+        assert install_exact_parser_gradient(nlp) == 1
+    return nlp
+
+
+def arrays(nlp, grads=False, labels=False):
+    """Every thinc parameter (or gradient) and torch parameter (or .grad), in a fixed
+    order, as numpy arrays; absent gradients as None. labels: (layer, name) instead."""
+    out = []
+    seen = set()
+    for _, proc in nlp.pipeline:
+        model = getattr(proc, "model", None)
+        if model is None:
+            continue
+        for node in model.walk():
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for name in node.param_names:
+                if labels:
+                    out.append((node.name, name))
+                elif grads:
+                    out.append(node.ops.to_numpy(node.get_grad(name)) if node.has_grad(name) else None)
+                else:
+                    out.append(node.ops.to_numpy(node.get_param(name)))
+            for shim in node.shims:
+                for pname, param in shim._model.named_parameters():
+                    if labels:
+                        out.append(("torch", pname))
+                        continue
+                    value = param.grad if grads else param
+                    out.append(None if value is None else value.detach().numpy().copy())
+    return out
+
+
+def assert_same(got, expected, what, atol=ATOL):
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a is None or b is None:
+            assert a is None and b is None, f"{what} {i}: present in one run only"
+            continue
+        tol = max(atol, SCALE_TOL * float(numpy.abs(b).max())) if b.size else atol
+        numpy.testing.assert_allclose(a, b, rtol=RTOL, atol=tol, err_msg=f"{what} {i}")
+
+
+def assert_same_losses(got, expected):
+    assert set(got) == set(expected)
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+
+
+def finish(nlp, optimizer):
+    for _, proc in nlp.pipeline:
+        if getattr(proc, "is_trainable", False):
+            proc.finish_update(optimizer)
+
+
+def test_plan_micro_batches():
+    lengths = [5, 3, 8, 0, 2, 2, 7]
+    assert plan_micro_batches(lengths, None) == [list(range(7))]
+    assert plan_micro_batches(lengths, 56) == [list(range(7))]  # fits: unchanged order
+    groups = plan_micro_batches(lengths, 16)
+    assert sorted(i for g in groups for i in g) == list(range(7))  # each doc exactly once
+    for g in groups:
+        nonempty = [lengths[i] for i in g if lengths[i]]
+        assert len(nonempty) * max(nonempty) <= 16 or len(nonempty) == 1
+    assert 3 in groups[-1]  # the empty doc rides with the shortest docs
+    assert plan_micro_batches([40, 3], 10) == [[0], [1]]  # too long alone: alone
+
+
+def test_stock_parser_gradient_depends_on_the_last_token(pipeline_dir, batches):
+    """Why `exact_parser_gradient` exists: with spaCy's own ner, a batch updated in
+    two halves gives the whole batch's gradient for every parameter but the lower
+    layer's W; with the exact gradient, W adds up too, and only W changed."""
+    batch = batches[0]
+    grads = {}
+    for exact in (False, True):
+        whole, halves = fresh(pipeline_dir, exact=exact), fresh(pipeline_dir, exact=exact)
+        whole.update(batch, sgd=False)
+        halves.update(batch[:3], sgd=False)
+        halves.update(batch[3:], sgd=False)
+        grads[exact] = (arrays(whole, grads=True), arrays(halves, grads=True))
+    w = arrays(spacy.load(pipeline_dir), labels=True).index(("precomputable_affine", "W"))
+    whole, halves = grads[False]
+    with pytest.raises(AssertionError):
+        assert_same([halves[w]], [whole[w]], "stock W grad")
+    assert_same(halves[:w] + halves[w + 1 :], whole[:w] + whole[w + 1 :], "stock grad")
+    whole_exact, halves_exact = grads[True]
+    assert_same(halves_exact, whole_exact, "exact grad")
+    assert_same(whole_exact[:w] + whole_exact[w + 1 :], whole[:w] + whole[w + 1 :], "grad")
+
+
+def test_policy_settings_and_round_trip():
+    with pytest.raises(ValueError, match="max_padded_tokens must be a positive"):
+        UpdatePolicy(max_padded_tokens=0)
+    policy = UpdatePolicy(max_padded_tokens=512)
+    assert policy.learn(1000, 256) and not policy.learn(900, 300)
+    assert policy.limit_for(1000) == 256 and policy.limit_for(4000) == 256
+    assert policy.limit_for(500) == 512  # a smaller batch size learned nothing yet
+    again = UpdatePolicy.from_dict(policy.to_dict())
+    assert again.to_dict() == policy.to_dict()
+
+
+def test_oom_split_gives_the_whole_batch_update(pipeline_dir, batches):
+    """Two sub-batches per step (accumulate_gradient = 2), three steps, Adam: the run
+    whose batches run out of memory ends with the same weights, gradients and losses
+    as the run whose batches fit, and every example was updated exactly once."""
+    whole = fresh(pipeline_dir)
+    split = fresh(pipeline_dir, limit=150)
+    assert_same(arrays(split), arrays(whole), "initial param")
+    opt_whole, opt_split = Adam(0.001), Adam(0.001)
+    policy = UpdatePolicy()
+    sub_batches = [half for batch in batches for half in (batch[:4], batch[4:])]
+    with pytest.warns(OOMSplitWarning, match="Out of memory on a batch of 4 docs") as record:
+        for step in range(3):
+            losses_whole, losses_split = {}, {}
+            for sub in sub_batches[2 * step : 2 * step + 2]:
+                whole.update(sub, sgd=False, losses=losses_whole)
+                lean_update(split, sub, losses=losses_split, policy=policy)
+            assert_same(arrays(split, grads=True), arrays(whole, grads=True), f"step {step} grad")
+            assert_same_losses(losses_split, losses_whole)
+            finish(whole, opt_whole)
+            finish(split, opt_split)
+    assert_same(arrays(split), arrays(whole), "param after 3 steps", atol=PARAM_ATOL)
+    probe = split.get_pipe("oom_probe")
+    texts = sorted(eg.predicted.text for batch in batches for eg in batch)
+    assert sorted(probe.seen) == texts  # nothing skipped, nothing twice
+    assert sorted(whole.get_pipe("oom_probe").seen) == texts
+    stats = policy.stats()
+    assert stats["batches"] == 6 and stats["examples"] == 24
+    assert stats["oom_errors"] == probe.raised > 0
+    assert stats["oom_splits"] >= 1 and stats["split_batches"] >= stats["oom_splits"]
+    assert stats["micro_batches"] > stats["batches"]
+    assert policy.learned_limits and all(v <= 150 for v in policy.learned_limits.values())
+    # One warning per newly learned size, not one per batch.
+    messages = [str(w.message) for w in record if issubclass(w.category, OOMSplitWarning)]
+    assert len(messages) == len(set(messages)) == len(policy.learned_limits)
+
+
+def test_learned_size_is_kept(pipeline_dir, batches):
+    nlp = fresh(pipeline_dir, limit=150)
+    policy = UpdatePolicy()
+    batch = batches[0]
+    with pytest.warns(OOMSplitWarning):
+        lean_update(nlp, batch, policy=policy)
+    raised = nlp.get_pipe("oom_probe").raised
+    assert raised >= 1 and policy.oom_splits == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OOMSplitWarning)
+        lean_update(nlp, batch, policy=policy)  # starts split: no new error, no warning
+    assert nlp.get_pipe("oom_probe").raised == raised
+    assert policy.oom_splits == 1 and policy.split_batches == 2
+
+
+def test_token_ceiling_gives_the_whole_batch_update(pipeline_dir, batches):
+    whole = fresh(pipeline_dir)
+    capped = fresh(pipeline_dir)
+    batch = batches[1]
+    losses_whole, losses_capped = {}, {}
+    whole.update(batch, sgd=False, losses=losses_whole)
+    policy = UpdatePolicy(max_padded_tokens=60)
+    lean_update(capped, batch, losses=losses_capped, policy=policy)
+    assert_same(arrays(capped, grads=True), arrays(whole, grads=True), "grad")
+    assert_same_losses(losses_capped, losses_whole)
+    assert policy.split_batches == 1 and policy.micro_batches > 2 and policy.oom_errors == 0
+    longest = max(len(eg.predicted) for eg in batch)
+    assert policy.oversize_docs == sum(len(eg.predicted) > 60 for eg in batch)
+    assert longest > 0
+
+
+def test_one_doc_too_large_is_a_clear_error(pipeline_dir, batches):
+    nlp = fresh(pipeline_dir)
+    batch = batches[2]
+    longest = max(len(eg.predicted) for eg in batch)
+    nlp.get_pipe("oom_probe").limit = longest - 1
+    before = arrays(nlp, grads=True)
+    losses = {"ner": 1.5}
+    with pytest.raises(BatchTooLargeError, match=f"one doc alone.*{longest} tokens long") as info:
+        lean_update(nlp, batch, losses=losses, policy=UpdatePolicy())
+    assert "torch" in type(info.value.__cause__).__module__
+    # Nothing half-done: the gradients and losses are as before the call.
+    assert_same(arrays(nlp, grads=True), before, "grad after the error")
+    assert losses == {"ner": 1.5}
+
+
+def test_oom_inside_the_transformer_forward(pipeline_dir, batches):
+    """A real torch forward hook on the Hugging Face model raises when the wordpiece
+    batch (spans x longest span) is too large: the split update equals the whole."""
+    import torch
+
+    whole = fresh(pipeline_dir)
+    split = fresh(pipeline_dir)
+    hf = split.get_pipe("transformer").model.transformer
+    sizes = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        sizes.append(ids.numel())
+        if ids.numel() > 200:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated in BertModel.forward)")
+
+    handle = hf.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        batch = batches[0]
+        losses_whole, losses_split = {}, {}
+        whole.update(batch, sgd=False, losses=losses_whole)
+        policy = UpdatePolicy()
+        with pytest.warns(OOMSplitWarning):
+            lean_update(split, batch, losses=losses_split, policy=policy)
+    finally:
+        handle.remove()
+    assert max(sizes) > 200 and policy.oom_errors >= 1
+    assert_same(arrays(split, grads=True), arrays(whole, grads=True), "grad")
+    assert_same_losses(losses_split, losses_whole)
+
+
+def test_gradient_checkpointing_same_gradients(pipeline_dir, batches):
+    plain = fresh(pipeline_dir)
+    ckpt = fresh(pipeline_dir)
+    hf = ckpt.get_pipe("transformer").model.transformer
+    assert not hf.is_gradient_checkpointing
+    batch = batches[0]
+    plain.update(batch, sgd=False)
+    lean_update(ckpt, batch, policy=UpdatePolicy(gradient_checkpointing=True))
+    assert hf.is_gradient_checkpointing
+    assert enable_gradient_checkpointing(ckpt) == 1
+    assert_same(arrays(ckpt, grads=True), arrays(plain, grads=True), "grad")
+
+
+def test_installed_update_steps_like_the_training_loop(pipeline_dir, batches):
+    """`nlp.update(batch, sgd=optimizer)` with the installed update steps every updated
+    component after the whole batch, as spaCy's training loop does (update with
+    sgd=False, then finish_update), not interleaved as `Language.update` does."""
+    stock = fresh(pipeline_dir)
+    lean = install_lean_update(fresh(pipeline_dir, limit=150))
+    policy = get_update_policy(lean)
+    assert isinstance(policy, UpdatePolicy) and get_update_policy(stock) is None
+    opt_stock, opt_lean = Adam(0.001), Adam(0.001)
+    losses_stock, losses_lean = {}, {}
+    with pytest.warns(OOMSplitWarning):
+        lean.update(batches[0], sgd=opt_lean, losses=losses_lean)
+    stock.update(batches[0], sgd=False, losses=losses_stock)
+    finish(stock, opt_stock)
+    assert_same(arrays(lean), arrays(stock), "param", atol=PARAM_ATOL)
+    assert_same_losses(losses_lean, losses_stock)
+    assert policy.oom_splits == 1
+    with pytest.raises(torch_oom()):  # the stock update dies of it
+        fresh(pipeline_dir, limit=150).update(batches[0], sgd=False)
+
+
+def torch_oom():
+    import torch
+
+    return torch.OutOfMemoryError
+
+
+def test_spacy_train_survives_oom(tmp_path, tiny_transformer, pipeline_dir):
+    """Stock `python -m spacy train` with the callback: batches above the probe's limit
+    run out of memory, and the run still finishes and saves a pipeline that loads
+    without the callback."""
+    from spacy.tokens import DocBin
+
+    nlp = spacy.blank("en")
+    for name, n, seed in (("train", 16, 21), ("dev", 8, 22)):
+        docs = annotate(synthetic.make_ner_docs(nlp, n, seed=seed, long_doc_rate=0.0))
+        DocBin(docs=docs, store_user_data=True).to_disk(tmp_path / f"{name}.spacy")
+    config = Config().from_str(PIPELINE_CONFIG, interpolate=False)
+    config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": CALLBACK_NAME,
+        "max_padded_tokens": None,
+        "gradient_checkpointing": False,
+    }
+    config["training"]["before_to_disk"] = {"@callbacks": "spacy-lean.strip_streaming_evaluate.v1"}
+    config["components"]["oom_probe"]["limit"] = 200
+    # Filled as `spacy init fill-config` would.
+    config["paths"]["transformer"] = str(tiny_transformer)
+    filled = spacy.util.load_model_from_config(config, auto_fill=True, validate=True).config
+    filled.to_disk(tmp_path / "config.cfg")
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="always::UserWarning")
+    cmd = [
+        sys.executable, "-m", "spacy", "train", str(tmp_path / "config.cfg"),
+        "--output", str(out), "--code", __file__,
+        "--paths.train", str(tmp_path / "train.spacy"), "--paths.dev", str(tmp_path / "dev.spacy"),
+        "--paths.transformer", str(tiny_transformer),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "Out of memory on a batch of 8 docs" in log
+    saved = Path(out / "model-last")
+    assert (saved / "config.cfg").exists()
+    saved_config = Config().from_disk(saved / "config.cfg", interpolate=False)
+    assert saved_config["nlp"]["after_pipeline_creation"] is None
