@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import flair_format
+from .safe_torch import CheckpointError
 
 UNK = "<unk>"
 _RNN_TYPES = {"lstm": (nn.LSTM, 2), "gru": (nn.GRU, 1)}
@@ -324,13 +325,13 @@ def _check_settings(checkpoint: Dict[str, object], n_chars: int, name: str) -> N
     if not isinstance(state, dict) or not all(
         type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items()
     ):
-        raise ValueError(f"{name}: 'state_dict' must map parameter names to tensors.")
+        raise CheckpointError(f"{name}: 'state_dict' must map parameter names to tensors.")
     sizes = {key: checkpoint.get(key) for key in ("hidden_size", "nlayers", "embedding_size")}
     nout = checkpoint.get("nout")
     if not all(type(v) is int and v >= 1 for v in sizes.values()) or not (
         nout is None or (type(nout) is int and nout >= 1)
     ):
-        raise ValueError(f"{name}: the settings {sizes} (nout={nout!r}) must be positive ints.")
+        raise CheckpointError(f"{name}: the settings {sizes} (nout={nout!r}) must be positive ints.")
     hidden, nlayers, emb = sizes["hidden_size"], sizes["nlayers"], sizes["embedding_size"]
     expected = {
         "encoder.weight": (n_chars, emb),
@@ -344,7 +345,7 @@ def _check_settings(checkpoint: Dict[str, object], n_chars: int, name: str) -> N
                 want is None or want == got for want, got in zip(shape, tensor.shape))):
             continue
         got = tuple(tensor.shape) if tensor is not None else "missing"
-        raise ValueError(
+        raise CheckpointError(
             f"{name}: the settings (hidden_size={hidden}, nlayers={nlayers}, "
             f"embedding_size={emb}, nout={nout}, {n_chars} characters) do not match the "
             f"tensor '{key}' ({got})."
