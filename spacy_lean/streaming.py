@@ -28,8 +28,8 @@ from spacy.training import Example, validate_examples
 from spacy.util import registry
 
 from ._compat import has_cupy, has_torch
-# Data is read by spacy_lean.corpus.sources; these names stay importable from here.
-from .corpus.sources import CorruptShardError, list_shards, read_examples  # noqa: F401
+# Data is read by spacy_lean.corpus.sources; its error stays importable from here.
+from .corpus.sources import CorruptShardError  # noqa: F401
 from .memory import empty_gpu_caches, trim_host_memory
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
