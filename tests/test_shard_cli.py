@@ -79,3 +79,15 @@ def test_shard_errors(tmp_path):
         app, ["lean", "shard", str(tmp_path / "a.spacy"), str(tmp_path / "p"), "-n", "0"]
     )
     assert bad.exit_code == 1 and "docs_per_shard must be >= 1, got 0" in flat(bad)
+
+
+def test_shard_truncated_file_fails_naming_it(tmp_path):
+    """A truncated .spacy input stops the command with the file named, before any
+    shard is written (the reader checks the whole file when it opens it)."""
+    path = synthetic.write_ner_corpus(tmp_path / "big.spacy", 40, seed=4)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 3 // 4])
+    result = runner.invoke(app, ["lean", "shard", str(path), str(tmp_path / "out"), "-n", "10"])
+    assert result.exit_code == 1
+    assert "big.spacy" in flat(result) and "truncated" in flat(result)
+    assert not list((tmp_path / "out").glob("*.spacy"))
