@@ -574,3 +574,9 @@ def test_encoded_text_refuses_object_ids(tmp_path):
     (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
     with pytest.raises(ValueError, match="Unsupported id dtype"):
         EncodedText(tmp_path)
+
+
+def test_torch_forced_weights_only_is_explained(monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(RuntimeError, match="Unset it"):
+        CharLM.load(FLAIR_FILE)

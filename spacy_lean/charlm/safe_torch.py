@@ -534,6 +534,13 @@ def load(
         map_location = "cpu"
     if not isinstance(map_location, (str, torch.device)):
         raise TypeError(f"map_location must be a device or its name, got {map_location!r}")
+    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true"):
+        # torch then refuses any pickle module, ours included.
+        raise RuntimeError(
+            f"TORCH_FORCE_WEIGHTS_ONLY_LOAD is set, so torch will not use spacy-lean's "
+            f"restricted unpickler, which {what} needs (torch's weights_only reader cannot "
+            "read pickle protocol 4). Unset it: spacy-lean's reader never runs code from a file."
+        )
     limit = max_bytes()
     if isinstance(source, (bytes, bytearray, memoryview)):
         shown = name or f"{what} ({len(source)} bytes)"
