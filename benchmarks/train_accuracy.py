@@ -9,11 +9,15 @@ Prints JSON and writes benchmarks/results/train_accuracy.json after every run, s
 partial results survive.
 
     python benchmarks/train_accuracy.py [--quick] [--seeds 5] [--steps 250] [--jobs 2]
-        [--variants stock,lean,...] [--data-dir DIR]
+        [--variants stock,lean,...] [--tiers stock,lean/lean_per_batch_cap,...]
+        [--resume] [--data-dir DIR]
 
 Runs are interleaved seed-major (seed 0 of every variant, then seed 1, ...), at most
 --jobs at once, each with OMP_NUM_THREADS=1, so machine load affects every variant
-alike. Every run evaluates once, at its last step. Peak RSS (per run, from wait4) and
+alike. With --tiers, the variants of the first tier (separated by "/") run for
+every seed before the second tier starts, and so on, so that on a busy machine the
+comparison that matters most completes first. --resume keeps the runs already in
+the output file (same settings) and runs only the missing ones. Every run evaluates once, at its last step. Peak RSS (per run, from wait4) and
 CPU seconds are recorded, with the load average.
 """
 
@@ -47,7 +51,11 @@ VARIANTS: Dict[str, str] = {
     "lean_cleaner": "lean_cleaner added at the end of the pipeline",
     "lean_per_batch_cap": "configs/ner_trf.cfg with padding_scope 'batch' (the old default)",
     "lean": "configs/ner_trf.cfg as it is",
+    "lean_size_0.75": "configs/ner_trf.cfg with batcher size 0.75 x --batch-size: about as "
+    "many real tokens per step as stock",
 }
+# Batcher size of a variant, as a share of --batch-size.
+SIZE_SHARE = {"lean_size_0.75": 0.75}
 
 
 def load_cfg(name: str):
@@ -83,7 +91,7 @@ def variant_config(name: str):
     return cfg
 
 
-def overrides(args, paths: Dict[str, Path], seed: int) -> Dict[str, Any]:
+def overrides(args, paths: Dict[str, Path], seed: int, name: str) -> Dict[str, Any]:
     return {
         "paths.train": str(paths["train"]),
         "paths.dev": str(paths["dev"]),
@@ -93,7 +101,7 @@ def overrides(args, paths: Dict[str, Path], seed: int) -> Dict[str, Any]:
         "training.eval_frequency": args.steps,
         "training.optimizer.learn_rate.initial_rate": args.learn_rate,
         "training.optimizer.learn_rate.warmup_steps": args.warmup,
-        "training.batcher.size": args.batch_size,
+        "training.batcher.size": int(round(args.batch_size * SIZE_SHARE.get(name, 1.0))),
     }
 
 
@@ -140,7 +148,7 @@ def step_stats(name: str, args, paths: Dict[str, Path], seed: int = 0) -> Dict[s
     from spacy.util import fix_random_seed, registry
 
     cfg = variant_config(name)
-    for key, value in overrides(args, paths, seed).items():
+    for key, value in overrides(args, paths, seed, name).items():
         section, *rest = key.split(".")
         node = cfg[section]
         for part in rest[:-1]:
@@ -192,7 +200,7 @@ def train_once(name: str, seed: int, args, paths: Dict[str, Path], work: Path) -
     cfg_path = work / f"{name}.cfg"
     out = work / f"{name}-seed{seed}"
     cmd = [sys.executable, "-m", "spacy", "train", str(cfg_path), "--output", str(out)]
-    for key, value in overrides(args, paths, seed).items():
+    for key, value in overrides(args, paths, seed, name).items():
         cmd += [f"--{key}", str(value)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -219,6 +227,32 @@ def train_once(name: str, seed: int, args, paths: Dict[str, Path], work: Path) -
     else:
         result["error"] = (work / f"{name}-seed{seed}.log").read_text()[-2000:]
     return result
+
+
+def eval_check(model: Path, dev: Path) -> Dict[str, Any]:
+    """Dev scores of one trained pipeline evaluated three ways: spaCy's
+    `Language.evaluate`, spacy-lean's streaming evaluation, and spaCy's with
+    lean_cleaner added at the end of the pipeline. Neither part takes part in the
+    weight updates, so equal scores here mean they cannot change dev F except through
+    run-to-run noise."""
+    import spacy
+    from spacy.training import Corpus
+
+    from spacy_lean.streaming import install_streaming_evaluate
+
+    keys = ("ents_f", "ents_p", "ents_r")
+    out: Dict[str, Any] = {"model": str(model)}
+    nlp = spacy.load(model)
+    out["stock_evaluate"] = {k: nlp.evaluate(Corpus(dev)(nlp))[k] for k in keys}
+    install_streaming_evaluate(nlp)
+    out["streaming_evaluate"] = {k: nlp.evaluate(Corpus(dev)(nlp))[k] for k in keys}
+    nlp = spacy.load(model)
+    nlp.add_pipe("lean_cleaner", last=True)
+    out["stock_evaluate_with_lean_cleaner"] = {k: nlp.evaluate(Corpus(dev)(nlp))[k] for k in keys}
+    out["identical"] = (
+        out["stock_evaluate"] == out["streaming_evaluate"] == out["stock_evaluate_with_lean_cleaner"]
+    )
+    return out
 
 
 def summarise(runs: List[Dict[str, Any]], names: List[str]) -> Dict[str, Any]:
@@ -262,24 +296,36 @@ def main() -> None:
     parser.add_argument("--learn-rate", type=float, default=0.001)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--tiers", default=None, help="variants in run order, tiers split by /")
+    parser.add_argument("--resume", action="store_true", help="keep runs already in --out")
+    parser.add_argument("--eval-check-only", action="store_true",
+                        help="only evaluate the stock seed-0 pipeline three ways (eval_check)")
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--data-dir", default="/tmp/spacy_lean_train_accuracy")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_accuracy.json"))
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.warmup, args.train_docs, args.dev_docs = 2, 40, 5, 60, 20
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    tiers = [[n.strip() for n in t.split(",") if n.strip()]
+             for t in (args.tiers or args.variants).split("/")]
+    names = [n for tier in tiers for n in tier]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     paths = make_data(args)
     work = Path(args.data_dir) / "runs"
     work.mkdir(parents=True, exist_ok=True)
+    if args.eval_check_only:  # into the results of an earlier (finished) run
+        check = eval_check(work / "stock-seed0" / "model-last", paths["dev"])
+        print(json.dumps(check, indent=2))
+        recorded = json.loads(Path(args.out).read_text())
+        recorded["eval_check"] = check
+        Path(args.out).write_text(json.dumps(recorded, indent=2) + "\n")
+        return
     for name in names:
         variant_config(name).to_disk(work / f"{name}.cfg", interpolate=False)
     result: Dict[str, Any] = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "variants": {n: VARIANTS[n] for n in names},
         "corpus": json.loads((paths["train"].parent / "stats.json").read_text()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -295,10 +341,22 @@ def main() -> None:
         result["summary"] = summarise(result["runs"], names)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "resume")}
+    result["settings"] = settings
+    if args.resume and out.exists():
+        old = json.loads(out.read_text())
+        free = ("tiers", "variants", "eval_check_only")  # runs are keyed by variant
+        same = {k: v for k, v in old["settings"].items() if k not in free}
+        if same == {k: v for k, v in settings.items() if k not in free}:
+            result["runs"] = [r for r in old["runs"] if r["variant"] in names and "error" not in r]
+            result["steps"] = {k: v for k, v in old.get("steps", {}).items() if k in names}
     for name in names:
-        result["steps"][name] = step_stats(name, args, paths)
+        if name not in result["steps"]:
+            result["steps"][name] = step_stats(name, args, paths)
     save()
-    jobs = [(name, seed) for seed in range(args.seeds) for name in names]
+    done = {(r["variant"], r["seed"]) for r in result["runs"]}
+    jobs = [(name, seed) for tier in tiers for seed in range(args.seeds) for name in tier
+            if (name, seed) not in done]
 
     def run(job) -> None:
         r = train_once(job[0], job[1], args, paths, work)
@@ -310,6 +368,9 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(run, jobs))
+    model = work / "stock-seed0" / "model-last"
+    if model.exists():
+        result["eval_check"] = eval_check(model, paths["dev"])
     with lock:
         save()
     print(json.dumps(result["summary"], indent=2))
