@@ -1,286 +1,352 @@
-"""Peak memory and throughput of evaluation: stock `nlp.evaluate` vs spacy-lean's
-streaming `evaluate`, on dev sets of three sizes growing 4x.
+"""Peak memory and wall time of evaluation commands on dev sets of three sizes (1x,
+4x, 16x), as one single .spacy file and as a folder of .spacy shards.
 
-A transformer + ner pipeline (a local, randomly initialised 4-layer 256-wide BERT;
-ner trained a few steps) is evaluated on tiled generated text written as .spacy shards
-of 100 docs. Each (size, mode) runs in a fresh subprocess, as `spacy evaluate` would:
+Data: news-like NER docs (`spacy_lean.synthetic_news`: multi-sentence documents of
+100-400 tokens with a long tail, four entity types at CoNLL-like rates), a base set
+of `--base` docs tiled to each size, so the scores are the same at every size.
+Models: a local, randomly initialised BERT (WordPiece vocabulary trained on the same
+kind of text) + ner trained a few steps; "small" is 2 layers x 64 wide (where the
+evaluation loop's own overhead shows), "base" 4 layers x 256 wide.
 
-- stock: `list(Corpus(dev)(nlp))` then `nlp.evaluate(...)` (what `spacy evaluate` does);
-- streaming: `spacy_lean.evaluate(nlp, read_examples(nlp, shards))`.
+Each run is one command in a fresh process, as a user runs it (an *arm*):
 
-Reported per run: peak RSS while evaluating (the kernel's peak mark is reset after the
-model is loaded, since loading peaks higher; peak GPU memory on CUDA), RSS before
-evaluating, docs/s of the evaluation, and the scores. Pairs run interleaved (the order
-alternates between repeats); ratios compare the two modes in the same run.
+- `spacy evaluate MODEL DATA --output ...` (stock spaCy: lists the dev set, then
+  `nlp.evaluate`);
+- `spacy lean evaluate MODEL DATA --output ...` (streaming, bounded by its token budget).
 
-    python benchmarks/eval_memory.py            # 300, 1200, 4800 docs (each above one read-ahead window)
-    python benchmarks/eval_memory.py --quick    # 25, 100, 400 docs
-Then, on the smallest set, both modes run alternating in one process (--interleaved N
-times each) for a throughput ratio less noisy than separate processes.
+Arms are functions in `ARMS` (name -> `Arm(argv, model)`): `argv(model, data, output)`
+gives the command-line arguments after `python -m spacy`, `model(work, model)` may
+prepare a model variant (e.g. a copy whose config names a callback). Add an arm by
+adding an entry.
+
+Per run: wall time of the command (process start to exit) and of the command body
+(after imports), peak RSS of the whole process (loading included), peak RSS after the model
+was loaded (the kernel's mark is reset once `spacy.util.load_model` returns: that is
+the evaluation's own peak), the load average before and after, and the scores. The
+arms run interleaved (order alternating per repeat), so load changes hit both.
+
+    python benchmarks/eval_memory.py              # small model: 300/1200/4800 docs, file and shards;
+                                                  # base model: wall-time ratio on 300 docs
+    python benchmarks/eval_memory.py --quick      # 20/80/320 docs
 Prints JSON and writes benchmarks/results/eval_memory.json.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
-import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _procmem import proc_status, reset_peak  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "eval_memory.json"
 SHARD_DOCS = 100
+MODELS = {
+    "small": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
+    "base": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+}
 
 
-def build_assets(work: Path, n_base: int, sizes, seed: int = 0):
-    """The model and the tiled dev sets (as folders of .spacy shards)."""
+class Arm(NamedTuple):
+    argv: Callable[[Path, Path, Path], List[str]]
+    model: Callable[[Path, Path], Path] = lambda work, model: model
+
+
+def spacy_evaluate_argv(model: Path, data: Path, output: Path) -> List[str]:
+    return ["evaluate", str(model), str(data), "--output", str(output)]
+
+
+def lean_evaluate_argv(model: Path, data: Path, output: Path) -> List[str]:
+    return ["lean", "evaluate", str(model), str(data), "--output", str(output), "--no-progress"]
+
+
+ARMS: Dict[str, Arm] = {
+    "spacy evaluate": Arm(spacy_evaluate_argv),
+    "spacy lean evaluate": Arm(lean_evaluate_argv),
+}
+STOCK_ARM = "spacy evaluate"
+LEAN_ARM = "spacy lean evaluate"
+
+
+# ---------------------------------------------------------------------------------
+# Assets
+
+
+def build_model(work: Path, kind: str, seed: int = 0) -> Path:
+    """A transformer + ner pipeline saved under `work/<kind>/model` (kept between runs)."""
+    import spacy
+
+    from spacy_lean import synthetic
+    from spacy_lean.synthetic_news import make_news_docs
+
+    model = work / kind / "model"
+    if (model / "config.cfg").exists():
+        return model
+    nlp = spacy.blank("en")
+    train = make_news_docs(nlp, 64, seed=seed + 1)
+    bert = synthetic.make_tiny_transformer(
+        work / kind / "bert", texts=[d.text for d in train], vocab_size=1000, **MODELS[kind]
+    )
+    synthetic.build_trf_ner_pipeline(bert, train, n_steps=30, seed=seed).to_disk(model)
+    return model
+
+
+def build_data(work: Path, n_base: int, sizes: List[int], seed: int = 2) -> Dict[str, Dict[int, Path]]:
+    """Each size as one .spacy file and as a folder of shards of SHARD_DOCS docs."""
     import spacy
     from spacy.tokens import DocBin
 
-    from spacy_lean import synthetic
+    from spacy_lean.synthetic_news import corpus_stats, make_news_docs
 
-    model = work / "model"
-    if not (model / "config.cfg").exists():
-        bert = synthetic.make_tiny_transformer(
-            work / "bert", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-            intermediate_size=1024,
-        )
-        nlp = spacy.blank("en")
-        train_docs = synthetic.make_ner_docs(nlp, 64, seed=seed + 1)
-        trained = synthetic.build_trf_ner_pipeline(bert, train_docs, n_steps=8, seed=seed)
-        trained.to_disk(model)
-    nlp = spacy.blank("en")
-    base = synthetic.make_ner_docs(nlp, n_base, seed=seed + 2)
-    dev_dirs = {}
+    base = make_news_docs(spacy.blank("en"), n_base, seed=seed)
+    (work / f"data_stats_base{n_base}.json").write_text(json.dumps(corpus_stats(base)))
+    out: Dict[str, Dict[int, Path]] = {"file": {}, "shards": {}}
     for size in sizes:
-        folder = work / f"dev_{size}_base{n_base}_seed{seed}"
+        docs = [base[i % len(base)] for i in range(size)]
+        single = work / f"dev_{size}_base{n_base}.spacy"
+        if not single.exists():
+            DocBin(docs=docs).to_disk(single)
+        folder = work / f"dev_{size}_base{n_base}_shards"
         if not folder.exists():
-            folder.mkdir()
-            docs = [base[i % len(base)] for i in range(size)]
+            tmp = folder.with_name(folder.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
             for k in range(0, size, SHARD_DOCS):
-                DocBin(docs=docs[k:k + SHARD_DOCS]).to_disk(folder / f"{k // SHARD_DOCS:05d}.spacy")
-        dev_dirs[size] = folder
-    return model, dev_dirs
-
-
-def _status_kb(field: str) -> float:
-    with open("/proc/self/status") as file_:
-        for line in file_:
-            if line.startswith(field + ":"):
-                return float(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM), so the peak measured is that of the
-    evaluation, not of loading the model (which peaks higher). Linux >= 4.0."""
-    try:
-        with open("/proc/self/clear_refs", "w") as file_:
-            file_.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float:
-    try:
-        return _status_kb("VmHWM") / 1024
-    except (OSError, KeyError):  # not Linux: the process's peak since it started
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def child(mode: str, model: str, data: str, gpu_id: int, threads: int) -> dict:
-    """One measurement, in a fresh process."""
-    import spacy
-    import torch
-
-    torch.set_num_threads(threads)
-    if gpu_id >= 0:
-        spacy.require_gpu(gpu_id)
-    from spacy.training import Corpus
-
-    from spacy_lean.streaming import evaluate, list_shards, read_examples
-
-    nlp = spacy.load(model)
-    peak_load = peak_rss_mb()
-    was_reset = reset_peak_rss()
-    rss_loaded = _status_kb("VmRSS") / 1024
-    if gpu_id >= 0:
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    if mode == "stock":
-        examples = list(Corpus(data)(nlp))
-        n_docs = len(examples)
-        scores = nlp.evaluate(examples)
-    else:
-        counted = []
-
-        def stream():
-            for eg in read_examples(nlp, list_shards(data)):
-                counted.append(1)
-                yield eg
-
-        scores = evaluate(nlp, stream())
-        n_docs = len(counted)
-    seconds = time.perf_counter() - start
-    out = {
-        "mode": mode,
-        "n_docs": n_docs,
-        "seconds": seconds,
-        "docs_per_s": n_docs / seconds,
-        "peak_rss_mb": peak_rss_mb(),
-        "peak_rss_is_evaluation_only": was_reset,
-        "rss_after_load_mb": rss_loaded,
-        "peak_rss_during_load_mb": peak_load,
-        "scores": scores,
-    }
-    if gpu_id >= 0:
-        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                DocBin(docs=docs[k : k + SHARD_DOCS]).to_disk(tmp / f"{k // SHARD_DOCS:05d}.spacy")
+            tmp.rename(folder)
+        out["file"][size], out["shards"][size] = single, folder
     return out
 
 
-def interleaved(model: str, data: str, gpu_id: int, threads: int, repeats: int) -> dict:
-    """Throughput of both modes in one process, alternating, `repeats` times each:
-    less noisy than comparing two processes on a shared machine."""
-    import spacy
+# ---------------------------------------------------------------------------------
+# One run, in a fresh process
+
+
+def child(arm: str, model: str, data: str, threads: int) -> dict:
+    """Run one arm's command in this process; print its measurements as JSON."""
     import torch
 
     torch.set_num_threads(threads)
-    if gpu_id >= 0:
-        spacy.require_gpu(gpu_id)
-    from spacy.training import Corpus
+    import spacy.util
+    from spacy.cli._util import app
 
-    from spacy_lean.streaming import evaluate, list_shards, read_examples
+    import spacy_lean.cli  # noqa: F401  (adds `spacy lean`, as spaCy's entry point does)
 
-    nlp = spacy.load(model)
-    nlp.evaluate(list(Corpus(data)(nlp))[:16])  # warm up
-    runs = {
-        "stock": lambda: nlp.evaluate(list(Corpus(data)(nlp))),
-        "streaming": lambda: evaluate(nlp, read_examples(nlp, list_shards(data))),
-    }
-    seconds = {name: [] for name in runs}
-    for rep in range(repeats):
-        for name in (("stock", "streaming") if rep % 2 == 0 else ("streaming", "stock")):
-            start = time.perf_counter()
-            runs[name]()
-            seconds[name].append(time.perf_counter() - start)
+    marks: Dict[str, float] = {}
+    load_model = spacy.util.load_model
+
+    def load_and_mark(*args, **kwargs):
+        nlp = load_model(*args, **kwargs)
+        marks["rss_after_load_mb"] = proc_status("VmRSS") / 2**20
+        marks["peak_rss_during_load_mb"] = proc_status("VmHWM") / 2**20
+        marks["peak_reset_after_load"] = reset_peak()
+        marks["loaded_at"] = time.perf_counter()
+        return nlp
+
+    spacy.util.load_model = load_and_mark
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "scores.json"
+        argv = ARMS[arm].argv(Path(model), Path(data), output)
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr):  # the command's table
+            app(argv, standalone_mode=False)
+        end = time.perf_counter()
+        scores = json.loads(output.read_text())
     return {
-        "seconds": seconds,
-        "best_ratio_streaming_over_stock": min(seconds["stock"]) / min(seconds["streaming"]),
-        "median_ratio_streaming_over_stock": (
-            statistics.median(seconds["stock"]) / statistics.median(seconds["streaming"])
-        ),
+        "command_seconds": end - start,
+        "after_load_seconds": end - marks.get("loaded_at", start),
+        "peak_rss_after_load_mb": proc_status("VmHWM") / 2**20,
+        **marks,
+        "scores": scores,
     }
 
 
-def run_child(mode, model, data, gpu_id, threads, repeats=0):
+def run_child(arm: str, model: Path, data: Path, threads: int) -> dict:
     env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, __file__, "--child", mode, str(model), str(data),
-           "--gpu-id", str(gpu_id), "--threads", str(threads), "--interleaved", str(repeats)]
+               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, __file__, "--child", arm, str(model), str(data), "--threads", str(threads)]
+    load_before = os.getloadavg()
+    start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{arm} on {data} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # (wait4's ru_maxrss would carry this process's size over from the fork.)
+    result.update(
+        arm=arm, wall_seconds=wall, load_avg_before=load_before, load_avg_after=os.getloadavg(),
+        peak_rss_process_mb=max(result["peak_rss_after_load_mb"],
+                                result.get("peak_rss_during_load_mb", 0.0)),
+    )
+    return result
 
 
-def without_speed(scores):
+def without_speed(scores: dict) -> dict:
     return {k: v for k, v in scores.items() if k != "speed"}
+
+
+def run_series(work, model_kind, model, layouts, data, sizes, arms, repeats, threads, runs,
+               stock_sizes=None):
+    """Every (layout, size) with every arm, `repeats` times, the arm order alternating
+    (the stock arm only at `stock_sizes`, when given)."""
+    for layout in layouts:
+        for size in sizes:
+            these = [a for a in arms if a != STOCK_ARM or not stock_sizes or size in stock_sizes]
+            for rep in range(repeats):
+                order = these if rep % 2 == 0 else these[::-1]
+                for arm in order:
+                    arm_model = ARMS[arm].model(work, model)
+                    result = run_child(arm, arm_model, data[layout][size], threads)
+                    result.update(model=model_kind, layout=layout, size=size, repeat=rep)
+                    runs.append(result)
+                    print(f"{model_kind:5s} {layout:6s} {size:5d} {arm:22s} wall {result['wall_seconds']:6.1f}s "
+                          f"peak {result['peak_rss_after_load_mb']:6.0f} MB (process {result['peak_rss_process_mb']:.0f}) "
+                          f"load {result['load_avg_before'][0]:.1f}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# Summary
+
+
+def summarize(runs: List[dict], arms: List[str]) -> dict:
+    keys = sorted({(r["model"], r["layout"], r["size"]) for r in runs})
+    rows = []
+    for model, layout, size in keys:
+        group = [r for r in runs if (r["model"], r["layout"], r["size"]) == (model, layout, size)]
+        row = {"model": model, "layout": layout, "size": size}
+        for arm in arms:
+            mine = [r for r in group if r["arm"] == arm]
+            if not mine:
+                continue
+            row[arm] = {
+                "wall_seconds_median": statistics.median(r["wall_seconds"] for r in mine),
+                "after_load_seconds_median": statistics.median(r["after_load_seconds"] for r in mine),
+                "peak_rss_after_load_mb": max(r["peak_rss_after_load_mb"] for r in mine),
+                "peak_rss_process_mb": max(r["peak_rss_process_mb"] for r in mine),
+                "n": len(mine),
+            }
+        if STOCK_ARM in row:
+            stock = row[STOCK_ARM]
+            for arm in arms:
+                if arm != STOCK_ARM and arm in row:
+                    # Per repeat, the two arms ran back to back: ratio of each pair.
+                    pairs = [
+                        a["wall_seconds"] / b["wall_seconds"]
+                        for a in group if a["arm"] == arm
+                        for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
+                    ]
+                    row[arm]["wall_ratio_vs_stock_median"] = statistics.median(pairs)
+                    row[arm]["wall_ratio_vs_stock_of_medians"] = (
+                        row[arm]["wall_seconds_median"] / stock["wall_seconds_median"]
+                    )
+                    row[arm]["after_load_ratio_vs_stock"] = (
+                        row[arm]["after_load_seconds_median"] / stock["after_load_seconds_median"]
+                    )
+        scores = [json.dumps(without_speed(r["scores"]), sort_keys=True) for r in group]
+        row["scores_identical_across_arms"] = len(set(scores)) == 1
+        rows.append(row)
+    growth = {}
+    for model, layout in sorted({(r["model"], r["layout"]) for r in rows}):
+        mine = sorted((r for r in rows if (r["model"], r["layout"]) == (model, layout)), key=lambda r: r["size"])
+        if len(mine) < 3:
+            continue
+        for arm in arms:
+            if all(arm in r for r in mine):
+                peaks = [r[arm]["peak_rss_after_load_mb"] for r in mine]
+                procs = [r[arm]["peak_rss_process_mb"] for r in mine]
+                growth[f"{model}/{layout}/{arm}"] = {
+                    "peak_rss_after_load_mb": peaks,
+                    "growth_4x_to_16x": peaks[2] / peaks[1] - 1,
+                    "growth_1x_to_16x": peaks[2] / peaks[0] - 1,
+                    "process_peak_growth_4x_to_16x": procs[2] / procs[1] - 1,
+                }
+    return {"rows": rows, "rss_growth": growth}
+
+
+def targets(summary: dict) -> dict:
+    out = {}
+    for key, g in summary["rss_growth"].items():
+        if key.endswith(LEAN_ARM):
+            out[f"{key}: peak growth 4x->16x < 3%"] = g["growth_4x_to_16x"] < 0.03
+    for row in summary["rows"]:
+        lean = row.get(LEAN_ARM, {})
+        if "wall_ratio_vs_stock_median" in lean:
+            limit = 1.0 if row["model"] == "small" else 0.85
+            out[f"{row['model']}/{row['layout']}/{row['size']}: wall ratio <= {limit}"] = (
+                lean["wall_ratio_vs_stock_median"] <= limit
+            )
+    out["identical scores"] = all(r["scores_identical_across_arms"] for r in summary["rows"])
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes (25, 100, 400 docs)")
-    parser.add_argument("--sizes", type=int, nargs=3, default=None, help="three dev-set sizes")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per (size, mode), order alternating")
-    parser.add_argument("--gpu-id", type=int, default=-1)
+    parser.add_argument("--quick", action="store_true", help="small sizes (20, 80, 320 docs)")
+    parser.add_argument("--base", type=int, default=None, help="docs of the 1x set (default 300)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per (layout, size, arm) for memory")
+    parser.add_argument("--timing-repeats", type=int, default=2,
+                        help="runs per arm of the base model's wall-time comparison (0: skip it)")
+    parser.add_argument("--timing-size", type=int, default=None, help="docs of that comparison (default: 1x)")
+    parser.add_argument("--stock-max-size", type=int, default=None,
+                        help="run the stock arm only up to this many docs in the memory series "
+                        "(it lists the whole dev set, so it is the slow one; default: every size)")
+    parser.add_argument("--models", nargs="+", default=["small", "base"], choices=sorted(MODELS))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where the model and data go (kept)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where models and data go (kept)")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--interleaved", type=int, default=3,
-                        help="throughput check: both modes alternating in one process, N times "
-                        "each, on the smallest set (0: skip)")
-    parser.add_argument("--child", nargs=3, metavar=("MODE", "MODEL", "DATA"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("ARM", "MODEL", "DATA"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child[0] == "interleaved":
-            print(json.dumps(interleaved(*args.child[1:], args.gpu_id, args.threads, args.interleaved)))
-        else:
-            print(json.dumps(child(*args.child, args.gpu_id, args.threads)))
+        print(json.dumps(child(*args.child, args.threads)))
         return
-    sizes = args.sizes or ([25, 100, 400] if args.quick else [300, 1200, 4800])
+    n_base = args.base or (20 if args.quick else 300)
+    sizes = [n_base, 4 * n_base, 16 * n_base]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_memory_"))
     work.mkdir(parents=True, exist_ok=True)
-    model, dev_dirs = build_assets(work, n_base=min(sizes), sizes=sizes)
-    runs = []
-    for size in sizes:
-        for rep in range(args.repeats):
-            order = ("stock", "streaming") if rep % 2 == 0 else ("streaming", "stock")
-            for mode in order:
-                result = run_child(mode, model, dev_dirs[size], args.gpu_id, args.threads)
-                result.update(size=size, repeat=rep)
-                runs.append(result)
-                print(f"{mode:9s} {size:5d} docs: peak RSS {result['peak_rss_mb']:.0f} MB, "
-                      f"{result['docs_per_s']:.1f} docs/s", file=sys.stderr)
-
-    interleaved_result = None
-    if args.interleaved > 0:
-        interleaved_result = run_child(
-            "interleaved", model, dev_dirs[sizes[0]], args.gpu_id, args.threads, args.interleaved
-        )
-        interleaved_result["size"] = sizes[0]
-        print(f"interleaved {sizes[0]} docs: best-of-{args.interleaved} throughput ratio "
-              f"{interleaved_result['best_ratio_streaming_over_stock']:.2f}", file=sys.stderr)
-
-    def pick(mode, size, key, agg):
-        return agg([r[key] for r in runs if r["mode"] == mode and r["size"] == size])
-
-    summary = {"per_size": []}
-    for size in sizes:
-        row = {"size": size}
-        for mode in ("stock", "streaming"):
-            row[f"{mode}_peak_rss_mb"] = pick(mode, size, "peak_rss_mb", max)
-            row[f"{mode}_docs_per_s"] = pick(mode, size, "docs_per_s", statistics.median)
-            if args.gpu_id >= 0:
-                row[f"{mode}_peak_gpu_mb"] = pick(mode, size, "peak_gpu_mb", max)
-        row["rss_ratio_streaming_over_stock"] = row["streaming_peak_rss_mb"] / row["stock_peak_rss_mb"]
-        row["throughput_ratio_streaming_over_stock"] = row["streaming_docs_per_s"] / row["stock_docs_per_s"]
-        summary["per_size"].append(row)
-    first, last = summary["per_size"][0], summary["per_size"][-1]
-    for mode in ("stock", "streaming"):
-        key = f"{mode}_peak_rss_mb"
-        summary[f"{mode}_rss_growth_smallest_to_largest"] = last[key] / first[key] - 1
-        if args.gpu_id >= 0:
-            key = f"{mode}_peak_gpu_mb"
-            summary[f"{mode}_gpu_growth_smallest_to_largest"] = last[key] / first[key] - 1
-    reference = {size: [without_speed(r["scores"]) for r in runs if r["size"] == size] for size in sizes}
-    summary["interleaved_throughput"] = interleaved_result
-    summary["scores_identical"] = all(all(s == group[0] for s in group) for group in reference.values())
-    summary["targets"] = {
-        "streaming_rss_growth_below_5pct": summary["streaming_rss_growth_smallest_to_largest"] < 0.05,
-        "streaming_throughput_at_least_stock": all(
-            row["throughput_ratio_streaming_over_stock"] >= 1.0 for row in summary["per_size"]
-        ),
-        "identical_scores": summary["scores_identical"],
-    }
+    data = build_data(work, n_base, sizes)
+    models = {kind: build_model(work, kind) for kind in args.models}
+    runs: List[dict] = []
+    started = time.time()
+    if "small" in models:
+        stock_sizes = [n for n in sizes if args.stock_max_size is None or n <= args.stock_max_size]
+        run_series(work, "small", models["small"], ["file", "shards"], data, sizes, args.arms,
+                   args.repeats, args.threads, runs, stock_sizes=stock_sizes)
+    if "base" in models and args.timing_repeats > 0:
+        size = args.timing_size or n_base
+        if size not in data["file"]:
+            data = build_data(work, n_base, sorted(set(sizes + [size])))
+        run_series(work, "base", models["base"], ["file"], data, [size], args.arms,
+                   args.timing_repeats, args.threads, runs)
+    summary = summarize(runs, args.arms)
+    summary["targets"] = targets(summary)
     report = {
         "benchmark": "eval_memory",
-        "command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "command": "nice -n 10 python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "load_avg_at_start": os.getloadavg()},
-        "model": "BERT 4 layers x 256 hidden (random init, local WordPiece) + ner (8 steps)",
+                    "cpu_count": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
+                    "threads_per_run": args.threads},
+        "models": {k: f"BERT {v['num_hidden_layers']} layers x {v['hidden_size']} wide (random init, "
+                      "local WordPiece) + ner (30 steps)" for k, v in MODELS.items() if k in models},
+        "data": json.loads((work / f"data_stats_base{n_base}.json").read_text()),
         "sizes": sizes,
-        "repeats": args.repeats,
-        "device": f"cuda:{args.gpu_id}" if args.gpu_id >= 0 else "cpu",
+        "arms": {name: " ".join(["python -m spacy", *ARMS[name].argv(Path("MODEL"), Path("DATA"), Path("OUT"))])
+                 for name in args.arms},
+        "seconds_total": time.time() - started,
         "summary": summary,
         "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["summary"], indent=2))
+    print(json.dumps({k: report["summary"][k] for k in ("rss_growth", "targets")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`):
 
-- eval_memory: peak RSS (and GPU memory, when measured) against dev-set size, stock
-  `nlp.evaluate` vs spacy-lean's streaming evaluation; throughput beside it;
+- eval_memory: peak RSS after loading the model against dev-set size, per evaluation
+  command (arm) and data layout (one file, shards); wall-time ratios to `spacy evaluate`;
 - cleaner_memory: peak RSS growth against the number of docs kept, by mode;
 - padding: padding fraction by batcher, for each corpus;
 - reader_memory: peak and held memory, and speed, by reader;
@@ -84,13 +84,13 @@ def _lines(ax, xs_by_name: Dict[str, Sequence[float]], ys_by_name: Dict[str, Seq
     ax.set_ylim(bottom=0)
 
 
-def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
+def _plot_eval_memory_per_size(data: Dict[str, Any]) -> plt.Figure:
+    """Results written before the commands were compared (stock vs streaming API)."""
     rows = data["summary"]["per_size"]
     if not rows:
         raise SchemaError("summary.per_size is empty")
     sizes = [r["size"] for r in rows]
-    has_gpu = all("stock_peak_gpu_mb" in r for r in rows)
-    fig, axes = plt.subplots(1, 3 if has_gpu else 2, figsize=(12 if has_gpu else 9, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     modes = {"stock nlp.evaluate": "stock", "spacy-lean streaming": "streaming"}
     _lines(axes[0], {m: sizes for m in modes},
            {m: [r[f"{k}_peak_rss_mb"] for r in rows] for m, k in modes.items()},
@@ -98,10 +98,46 @@ def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
     _lines(axes[1], {m: sizes for m in modes},
            {m: [r[f"{k}_docs_per_s"] for r in rows] for m, k in modes.items()},
            "dev-set size (docs)", "docs / s", "Evaluation throughput")
-    if has_gpu:
-        _lines(axes[2], {m: sizes for m in modes},
-               {m: [r[f"{k}_peak_gpu_mb"] for r in rows] for m, k in modes.items()},
-               "dev-set size (docs)", "peak GPU memory (MB)", "Evaluation: peak GPU memory")
+    return fig
+
+
+def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
+    if "per_size" in data["summary"]:
+        return _plot_eval_memory_per_size(data)
+    rows = data["summary"]["rows"]
+    if not rows:
+        raise SchemaError("summary.rows is empty")
+    arms = list(data.get("arms") or [])
+    series = sorted({(r["model"], r["layout"]) for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    xs: Dict[str, List[float]] = {}
+    ys: Dict[str, List[float]] = {}
+    for model, layout in series:
+        mine = sorted((r for r in rows if (r["model"], r["layout"]) == (model, layout)),
+                      key=lambda r: r["size"])
+        if len(mine) < 2:
+            continue
+        for arm in arms:
+            if all(arm in r for r in mine):
+                name = f"{arm} ({layout}, {model} model)"
+                xs[name] = [r["size"] for r in mine]
+                ys[name] = [r[arm]["peak_rss_after_load_mb"] for r in mine]
+    _lines(axes[0], xs, ys, "dev-set size (docs)", "peak RSS after loading the model (MB)",
+           "Evaluation commands: peak memory vs dev-set size")
+    groups, ratios = [], []
+    for r in rows:
+        for arm in arms:
+            ratio = r.get(arm, {}).get("wall_ratio_vs_stock_median")
+            if ratio is not None:
+                groups.append(f"{arm}\n{r['model']} {r['layout']} {r['size']}")
+                ratios.append(ratio)
+    _bars(axes[1], groups, {"wall time / spacy evaluate": ratios}, "ratio (lower is faster)",
+          "Wall time of the command vs `spacy evaluate` (same run)", fmt="{:.2f}")
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    load = data.get("machine", {}).get("load_avg_at_start")
+    if load:
+        fig.suptitle(f"{data['machine'].get('cpu_count')} CPUs, load average at start "
+                     f"{load[0]:.1f}", fontsize=9)
     return fig
 
 
