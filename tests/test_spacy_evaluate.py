@@ -1,6 +1,7 @@
 """`spacy evaluate` / `spacy benchmark accuracy` stream for pipelines whose config
 names `spacy-lean.streaming_evaluate.v1` (spacy_lean/cli/spacy_evaluate.py), with
 spaCy's own output, and behave exactly as before for the others."""
+import inspect
 import json
 import os
 import re
@@ -48,7 +49,7 @@ def models(trf_ner_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("spacy_evaluate_models")
     nlp = add_ruler(spacy.load(trf_ner_dir))
     nlp.to_disk(root / "plain")
-    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME}
     nlp.to_disk(root / "streaming")
     assert is_streaming(spacy.load(root / "streaming"))
     return {"plain": str(root / "plain"), "streaming": str(root / "streaming")}
@@ -74,11 +75,9 @@ def shard_dir(tmp_path_factory):
     return root
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """What the streaming path kept for the command and streamed into nlp.evaluate."""
-    calls = []
-    real = spacy_evaluate._evaluate_rest_next
+def make_recording(real, calls):
+    """`_evaluate_rest_next` that also records, per call, how many examples the
+    command kept (listed) and how many were streamed into nlp.evaluate."""
 
     def recording(nlp, kept, rest):
         call = {"kept": len(kept), "streamed": 0}
@@ -91,6 +90,13 @@ def recorded(monkeypatch):
 
         real(nlp, kept, counted())
 
+    return recording
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    recording = make_recording(spacy_evaluate._evaluate_rest_next, calls)
     monkeypatch.setattr(spacy_evaluate, "_evaluate_rest_next", recording)
     return calls
 
@@ -120,7 +126,8 @@ def run_both(tmp_path, model, data, *args):
     for name, cli_app, prefix in (("stock", stock_app, ["evaluate"]), ("ours", app, ["evaluate"])):
         workdir = tmp_path / name
         (workdir / "html").mkdir(parents=True)
-        result = invoke(cli_app, workdir, *prefix, model, data, "-o", "scores.json", "-dp", "html", *args)
+        result = invoke(cli_app, workdir, *prefix, model, data, "-o", "scores.json", "-dp", "html",
+                        *args)
         results[name] = (SPEED_ROW.sub("", result.output), *outputs(workdir))
     return results
 
@@ -143,7 +150,8 @@ def test_without_the_callback_output_is_unchanged(models, ner_corpus, tmp_path, 
     assert "NER F" in results["ours"][0] and set(results["ours"][2]) == {"entities.html"}
 
 
-def test_with_the_callback_same_output_and_streaming(models, ner_corpus, plain_json, tmp_path, recorded):
+def test_with_the_callback_same_output_and_streaming(models, ner_corpus, plain_json, tmp_path,
+                                                     recorded):
     results = run_both(tmp_path, models["streaming"], ner_corpus["dev"], "-dl", "4")
     assert results["ours"] == results["stock"]
     # The stock run lists all 40 examples; ours keeps the 4 displaCy renders.
@@ -184,29 +192,17 @@ def test_python_function(models, ner_corpus, plain_json, tmp_path, recorded):
     assert stock_module.Corpus is spacy.training.Corpus  # put back
 
 
-RECORDER = textwrap.dedent('''
-    """--code file: records what the streaming path kept and streamed (when the
-    command was wrapped: spacy-lean's CLI module was loaded at start-up)."""
+# A --code file that records what the streaming path kept and streamed, when the
+# command was wrapped (spacy-lean's CLI module was loaded at start-up).
+RECORDER = inspect.getsource(make_recording) + textwrap.dedent('''
     import atexit, json, os, sys
 
     calls = []
     atexit.register(lambda: open(os.environ["RECORD"], "w").write(json.dumps(calls)))
     spacy_evaluate = sys.modules.get("spacy_lean.cli.spacy_evaluate")
-    real = getattr(spacy_evaluate, "_evaluate_rest_next", None)
-
-    def recording(nlp, kept, rest):
-        call = {"kept": len(kept), "streamed": 0}
-        calls.append(call)
-
-        def counted():
-            for eg in rest:
-                call["streamed"] += 1
-                yield eg
-
-        real(nlp, kept, counted())
-
     if spacy_evaluate is not None:
-        spacy_evaluate._evaluate_rest_next = recording
+        real = spacy_evaluate._evaluate_rest_next
+        spacy_evaluate._evaluate_rest_next = make_recording(real, calls)
 ''')
 
 STOCK_RUNNER = textwrap.dedent('''
