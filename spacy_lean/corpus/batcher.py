@@ -4,9 +4,9 @@ window sorted by length, never dropping anything.
 Batches are filled up to the budget; the padding tolerance (`max_padding`) applies to
 the window's batches together by default (`padding_scope = "window"`), so the sparse
 long tail of a window does not become many tiny batches: on a news-like corpus a
-per-batch cap made one step in ten carry ~120 real tokens of a 2,000 budget, and
-~20% fewer real tokens per step than spaCy's `batch_by_padded` over a fixed number
-of steps (benchmarks/train_accuracy.py).
+per-batch cap made one step in ten carry ~150 real tokens of a 2,000 budget, and
+~20% fewer real tokens per step than spaCy's `batch_by_padded` (issue 15,
+benchmarks/train_accuracy.py).
 """
 
 import itertools
@@ -119,11 +119,12 @@ class TokenBudgetBatcher:
     """Bucketed read-ahead batching. Reads `window` items, sorts them by length, and
     cuts the sorted run into batches whose padded size (longest x count) stays within
     the budget; a batch whose padded size equals the budget is kept. A batch is also
-    closed when the next item would make the padding exceed `max_padding` (of the
-    window's batches so far plus this one, or of this batch alone: `padding_scope`).
-    With `shuffle`, the window is shuffled before the (stable) sort and its batches
-    after it, both from one seeded generator. An item longer
-    than the budget by itself becomes a batch alone (counted in `stats.oversize`).
+    closed when the next item would make its padding exceed a cap: `max_padding` with
+    `padding_scope = "batch"`; with "window", the largest cap for which the padding of
+    the window's batches together stays within `max_padding`. With `shuffle`, the
+    window is shuffled before the (stable) sort and its batches after it, both from
+    one seeded generator. An item longer than the budget by itself becomes a batch
+    alone (counted in `stats.oversize`).
     Nothing is dropped. `stats` accumulates over calls (`reset_stats()` clears it).
     """
 
