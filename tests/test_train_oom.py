@@ -15,6 +15,7 @@ is zero (BERT's attention key biases: ~1e-10) into steps of up to lr x noise / e
 This module is also given to `spacy train --code` (it registers the probe), so it keeps
 its module level light.
 """
+import copy
 import os
 import subprocess
 import sys
@@ -81,127 +82,33 @@ class OOMProbe:
         return losses
 
 
-PIPELINE_CONFIG = """
-[paths]
-train = null
-dev = null
-transformer = null
-
-[system]
-gpu_allocator = null
-seed = 0
-
-[nlp]
-lang = "en"
-pipeline = ["transformer","ner","textcat","tagger","oom_probe"]
-batch_size = 32
-
-[components]
-
-[components.transformer]
-factory = "transformer"
-max_batch_items = 4096
-
-[components.transformer.model]
-@architectures = "spacy-transformers.TransformerModel.v3"
-name = ${paths.transformer}
-mixed_precision = false
-transformer_config = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-
-[components.transformer.model.get_spans]
-@span_getters = "spacy-transformers.strided_spans.v1"
-window = 32
-stride = 24
-
-[components.transformer.model.tokenizer_config]
-use_fast = true
-
-[components.ner]
-factory = "ner"
-update_with_oracle_cut_size = 0
-
-[components.ner.model]
-@architectures = "spacy.TransitionBasedParser.v2"
-state_type = "ner"
-extra_state_tokens = false
-hidden_width = 16
-maxout_pieces = 2
-use_upper = false
-nO = null
-
-[components.ner.model.tok2vec]
-@architectures = "spacy-transformers.TransformerListener.v1"
-grad_factor = 1.0
-upstream = "transformer"
-
-[components.ner.model.tok2vec.pooling]
-@layers = "reduce_mean.v1"
-
-[components.textcat]
-factory = "textcat"
-
-[components.textcat.model]
-@architectures = "spacy.TextCatCNN.v2"
-exclusive_classes = true
-nO = null
-
-[components.textcat.model.tok2vec]
-@architectures = "spacy-transformers.TransformerListener.v1"
-grad_factor = 1.0
-upstream = "transformer"
-
-[components.textcat.model.tok2vec.pooling]
-@layers = "reduce_mean.v1"
-
-[components.tagger]
-factory = "tagger"
-
-[components.tagger.model]
-@architectures = "spacy.Tagger.v2"
-nO = null
-
-[components.tagger.model.tok2vec]
-@architectures = "spacy-transformers.TransformerListener.v1"
-grad_factor = 1.0
-upstream = "transformer"
-
-[components.tagger.model.tok2vec.pooling]
-@layers = "reduce_mean.v1"
-
-[components.oom_probe]
-factory = "lean_oom_probe"
-limit = 0
-
-[corpora]
-
-[corpora.train]
-@readers = "spacy.Corpus.v1"
-path = ${paths.train}
-
-[corpora.dev]
-@readers = "spacy.Corpus.v1"
-path = ${paths.dev}
-
-[training]
-seed = ${system.seed}
-dropout = 0.0
-max_epochs = 0
-max_steps = 6
-eval_frequency = 3
-patience = 0
-accumulate_gradient = 1
-
-[training.batcher]
-@batchers = "spacy.batch_by_sequence.v1"
-size = 8
-
-[training.optimizer]
-@optimizers = "Adam.v1"
-learn_rate = 0.001
-
-[training.score_weights]
-ents_f = 1.0
-"""
+def pipeline_config(transformer):
+    """synthetic.TRF_NER_CONFIG (transformer + ner) with textcat and tagger listening
+    too, the probe last, dropout 0 everywhere (the transformer's too), the ner's oracle
+    cut off (it draws a random length per call), batches of 8 docs."""
+    config = Config().from_str(synthetic.TRF_NER_CONFIG, interpolate=False)
+    config["paths"]["transformer"] = str(transformer)
+    config["nlp"]["pipeline"] = ["transformer", "ner", "textcat", "tagger", "oom_probe"]
+    components = config["components"]
+    trf = components["transformer"]["model"]
+    trf["transformer_config"] = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    trf["get_spans"].update({"window": 32, "stride": 24})
+    components["ner"]["update_with_oracle_cut_size"] = 0
+    components["ner"]["model"]["hidden_width"] = 16
+    listener = components["ner"]["model"]["tok2vec"]
+    components["textcat"] = {
+        "factory": "textcat",
+        "model": {"@architectures": "spacy.TextCatCNN.v2", "exclusive_classes": True,
+                  "nO": None, "tok2vec": copy.deepcopy(listener)},
+    }
+    components["tagger"] = {
+        "factory": "tagger",
+        "model": {"@architectures": "spacy.Tagger.v2", "nO": None, "tok2vec": copy.deepcopy(listener)},
+    }
+    components["oom_probe"] = {"factory": "lean_oom_probe", "limit": 0}
+    config["training"].update({"dropout": 0.0, "max_steps": 4, "eval_frequency": 4})
+    config["training"]["batcher"] = {"@batchers": "spacy.batch_by_sequence.v1", "size": 8}
+    return config
 
 
 def annotate(docs):
@@ -219,10 +126,21 @@ def make_examples(nlp, n, seed):
     return [Example(nlp.make_doc(d.text), d) for d in docs]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The models are tiny: a second torch thread only waits on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory, tiny_transformer):
     fix_random_seed(0)
-    config = Config().from_str(PIPELINE_CONFIG, overrides={"paths.transformer": str(tiny_transformer)})
+    config = pipeline_config(tiny_transformer)
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
     examples = make_examples(nlp, 24, seed=11)
     nlp.initialize(lambda: examples)
@@ -510,7 +428,7 @@ def test_spacy_train_survives_oom(tmp_path, tiny_transformer, pipeline_dir):
     for name, n, seed in (("train", 16, 21), ("dev", 8, 22)):
         docs = annotate(synthetic.make_ner_docs(nlp, n, seed=seed, long_doc_rate=0.0))
         DocBin(docs=docs, store_user_data=True).to_disk(tmp_path / f"{name}.spacy")
-    config = Config().from_str(PIPELINE_CONFIG, interpolate=False)
+    config = pipeline_config(tiny_transformer)
     config["nlp"]["after_pipeline_creation"] = {
         "@callbacks": CALLBACK_NAME,
         "max_padded_tokens": None,
@@ -519,7 +437,6 @@ def test_spacy_train_survives_oom(tmp_path, tiny_transformer, pipeline_dir):
     config["training"]["before_to_disk"] = {"@callbacks": "spacy-lean.strip_streaming_evaluate.v1"}
     config["components"]["oom_probe"]["limit"] = 200
     # Filled as `spacy init fill-config` would.
-    config["paths"]["transformer"] = str(tiny_transformer)
     filled = spacy.util.load_model_from_config(config, auto_fill=True, validate=True).config
     filled.to_disk(tmp_path / "config.cfg")
     out = tmp_path / "out"

@@ -31,10 +31,12 @@ Exact only with dropout 0: dropout draws random masks per call. The parser's ora
 docs longer than half of it.
 """
 import gc
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+import numpy
 from spacy.language import Language
 from spacy.pipeline import (
     EditTreeLemmatizer,
@@ -276,8 +278,8 @@ def _torch_modules(nodes: Iterable[Model]) -> List[Any]:
 class _UpdateState:
     """A snapshot of the gradients and unseen-class tables of a pipeline. All-zero
     gradients (the usual state right after an optimizer step) are only marked, not
-    copied, so the snapshot costs memory only when gradients are accumulated across
-    several calls before a step."""
+    copied. Gradients accumulated by earlier calls before a step (accumulate_gradient
+    > 1) are copied to host memory, so the snapshot takes no device memory."""
 
     def __init__(self, nlp: Language):
         nodes = _models(nlp)
@@ -288,7 +290,8 @@ class _UpdateState:
                     self.thinc.append((node, name, _ABSENT))
                     continue
                 grad = node.get_grad(name)
-                self.thinc.append((node, name, grad.copy() if grad.any() else _ZERO))
+                saved = numpy.array(node.ops.to_numpy(grad), copy=True) if grad.any() else _ZERO
+                self.thinc.append((node, name, saved))
         params = []
         seen: Set[int] = set()
         for module in _torch_modules(nodes):
@@ -308,7 +311,11 @@ class _UpdateState:
             if p.grad is None:
                 self.torch.append((p, _ABSENT))
             else:
-                self.torch.append((p, p.grad.detach().clone() if flags[id(p)] else _ZERO))
+                saved = p.grad.detach().to("cpu", copy=True) if flags[id(p)] else _ZERO
+                self.torch.append((p, saved))
+        # Listeners keep the last batch's upstream outputs and backprop callback (the
+        # whole failed batch's activations) until the next batch arrives.
+        self.listeners = [n for n in nodes if hasattr(n, "receive") and hasattr(n, "_backprop")]
         self.unseen: List[Tuple[Set[int], frozenset]] = [
             (node.attrs["unseen_classes"], frozenset(node.attrs["unseen_classes"]))
             for node in nodes
@@ -333,6 +340,12 @@ class _UpdateState:
             table.clear()
             table.update(merged)
 
+    def release_listeners(self) -> None:
+        for listener in self.listeners:
+            listener._batch_id = None
+            listener._outputs = None
+            listener._backprop = None
+
     def restore(self) -> None:
         """Put every gradient back as it was at the snapshot."""
         for node, name, saved in self.thinc:
@@ -340,17 +353,19 @@ class _UpdateState:
                 node._params._grads.pop((node.id, name), None)
             elif not node.has_grad(name):
                 shape = node.get_param(name).shape
-                node.set_grad(name, node.ops.alloc(shape) if saved is _ZERO else saved.copy())
+                zeros = saved is _ZERO
+                node.set_grad(name, node.ops.alloc(shape) if zeros else node.ops.xp.array(saved))
             elif saved is _ZERO:
                 node.get_grad(name).fill(0)
             else:
-                node.get_grad(name)[...] = saved
+                node.get_grad(name)[...] = node.ops.asarray(saved)
         for param, saved in self.torch:
             if saved is _ABSENT:
                 param.grad = None
             elif param.grad is None:
-                zeros = saved is _ZERO
-                param.grad = param.detach().new_zeros(param.shape) if zeros else saved.clone()
+                param.grad = param.detach().new_zeros(param.shape)
+                if saved is not _ZERO:
+                    param.grad.copy_(saved)
             elif saved is _ZERO:
                 param.grad.zero_()
             else:
@@ -518,14 +533,22 @@ def lean_update(
                 f"{policy.unit} are split this way from now on. Set max_padded_tokens to "
                 "split before running out.",
             )
+    for key, value in losses.items():  # numpy scalars (ner's loss) to floats
+        losses[key] = float(value)
     return losses
 
 
 def _undo(state: _UpdateState, losses: Dict[str, float], saved_losses: Dict[str, float]) -> None:
-    gc.collect()
+    """Undo a failed attempt and free what it held, so the retry has the memory."""
+    state.release_listeners()
     state.restore()
     losses.clear()
     losses.update(saved_losses)
+    # A full collection can take a second in a large process: only where the memory
+    # is a device's (whose allocator caches are emptied next).
+    torch = sys.modules.get("torch")
+    on_gpu = "cupy" in sys.modules or (torch is not None and torch.cuda.is_initialized())
+    gc.collect(2 if on_gpu else 1)
     empty_gpu_caches()
 
 
