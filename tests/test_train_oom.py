@@ -332,6 +332,22 @@ def test_token_ceiling_gives_the_whole_batch_update(pipeline_dir, batches):
     assert longest > 0
 
 
+def test_ceiling_in_wordpieces(pipeline_dir, batches, tiny_transformer):
+    """Lengths measured in the transformer's wordpieces (the tiny tokenizer adds no
+    special tokens; every word is at least one piece)."""
+    whole = fresh(pipeline_dir)
+    capped = fresh(pipeline_dir)
+    batch = batches[2]
+    policy = UpdatePolicy(max_padded_tokens=200, wordpiece_tokenizer=str(tiny_transformer))
+    pieces = [policy.length(eg) for eg in batch]
+    assert all(p >= len(eg.predicted) for p, eg in zip(pieces, batch))
+    assert sum(pieces) > sum(len(eg.predicted) for eg in batch)
+    whole.update(batch, sgd=False)
+    lean_update(capped, batch, policy=policy)
+    assert policy.micro_batches == len(plan_micro_batches(pieces, 200)) > 1
+    assert_same(arrays(capped, grads=True), arrays(whole, grads=True), "grad")
+
+
 def test_one_doc_too_large_is_a_clear_error(pipeline_dir, batches):
     nlp = fresh(pipeline_dir)
     batch = batches[2]
