@@ -1,0 +1,244 @@
+"""Training memory and speed: `spacy train` with the stock config against
+`spacy lean train` with the lean config, on one generated corpus at 1x, 4x and 16x its
+size and a dev set at 1x and 8x; and `spacy lean train --nproc 2` against 1 process.
+
+Each run is a fresh `python -m spacy ...` process; its peak RSS is the largest
+`ru_maxrss` of the processes it waited for (with --nproc 2: the largest rank, not the
+sum). Words per second are training words over the time from the first to the last
+logged evaluation (dev evaluations included), read from a JSONL logger given with
+--code. Final dev F is the last evaluation's ents_f. Runs alternate stock / lean so
+that load changes hit both alike; the load average is recorded.
+
+On a 2-core machine `--nproc 2` shows correctness and overhead, not speed-up: both
+ranks share the 2 cores that 1 process already uses.
+
+    nice -n 10 python benchmarks/train_memory.py [--quick]
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "train_memory.json"
+
+LOGGER_CODE = '''
+import json, time
+from spacy.util import registry
+
+
+@registry.loggers("bench.jsonl_logger.v1")
+def make_jsonl_logger(path: str):
+    def setup(nlp, stdout, stderr):
+        out = open(path, "a", encoding="utf8")
+
+        def log_step(info):
+            if info is None:
+                return
+            scores = {k: v for k, v in info["other_scores"].items() if isinstance(v, (int, float))}
+            out.write(json.dumps({"step": info["step"], "words": info["words"],
+                                  "time": time.perf_counter(), "score": info["score"],
+                                  "scores": scores}) + "\\n")
+            out.flush()
+
+        return log_step, out.close
+
+    return setup
+'''
+
+RUNNER = r'''
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.run(sys.argv[2:], capture_output=True, text=True)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+json.dump({"rc": proc.returncode, "wall_s": time.perf_counter() - start,
+           "peak_rss": usage.ru_maxrss * 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
+           "tail": (proc.stdout + proc.stderr)[-3000:]}, open(sys.argv[1], "w"))
+'''
+
+
+def make_data(root: Path, n_train: int, n_dev: int, factors, dev_factors, seed: int = 0):
+    """One corpus: the 1x train set repeated 4x/16x would be too easy on memory
+    accounting of strings, so each size is generated (same generator, more docs)."""
+    from spacy_lean import synthetic
+
+    paths = {}
+    for f in factors:
+        paths[f"train{f}"] = synthetic.write_ner_corpus(
+            root / f"train{f}.spacy", n_train * f, seed=100 + seed
+        )
+    for f in dev_factors:
+        paths[f"dev{f}"] = synthetic.write_ner_corpus(root / f"dev{f}.spacy", n_dev * f, seed=200 + seed)
+    return paths
+
+
+def words_in(path: Path) -> int:
+    import spacy
+    from spacy.tokens import DocBin
+
+    nlp = spacy.blank("en")
+    return sum(len(d) for d in DocBin().from_disk(path).get_docs(nlp.vocab))
+
+
+def bench_config(src: Path, dst: Path, log_path: Path) -> Path:
+    from thinc.api import Config
+
+    config = Config().from_disk(src, interpolate=False)
+    config["training"]["logger"] = {"@loggers": "bench.jsonl_logger.v1", "path": str(log_path)}
+    config.to_disk(dst)
+    return dst
+
+
+def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1):
+    name = f"{kind}-{train_key}-{dev_key}-s{seed}-n{nproc}"
+    out = tmp / name
+    log = tmp / f"{name}.jsonl"
+    code = tmp / "bench_logger.py"
+    code.write_text(LOGGER_CODE, encoding="utf8")
+    cfg_src = ROOT / "configs" / ("ner_trf_stock.cfg" if kind == "stock" else "ner_trf.cfg")
+    cfg = bench_config(cfg_src, tmp / f"{name}.cfg", log)
+    command = [sys.executable, "-m", "spacy"] + (["train"] if kind == "stock" else ["lean", "train"])
+    command += [
+        str(cfg), "--output", str(out), "--code", str(code),
+        "--paths.train", str(data[train_key]), "--paths.dev", str(data[dev_key]),
+        "--paths.transformer", str(data["transformer"]),
+        "--system.seed", str(seed),
+        "--training.max_steps", str(args.steps), "--training.eval_frequency", str(args.steps),
+        "--training.optimizer.learn_rate.initial_rate", "0.001",
+        "--training.optimizer.learn_rate.warmup_steps", str(max(1, args.steps // 10)),
+        "--training.batcher.size", str(args.batch_size),
+        "--components.transformer.model.get_spans.window", "64",
+        "--components.transformer.model.get_spans.stride", "48",
+    ]
+    if nproc > 1:
+        command += ["--nproc", str(nproc)]
+    result_file = tmp / f"{name}.result.json"
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    subprocess.run([sys.executable, "-c", RUNNER, str(result_file), *command], env=env, check=True)
+    result = json.loads(result_file.read_text())
+    if result["rc"] != 0:
+        raise RuntimeError(f"{name} failed:\n{result['tail']}")
+    logs = [json.loads(line) for line in log.read_text().splitlines()]
+    first, last = logs[0], logs[-1]
+    seconds = last["time"] - first["time"]
+    return {
+        "name": name,
+        "system": kind,
+        "train": train_key,
+        "dev": dev_key,
+        "seed": seed,
+        "nproc": nproc,
+        "peak_rss_mb": round(result["peak_rss"] / 2**20, 1),
+        "wall_s": round(result["wall_s"], 1),
+        "cpu_s": round(result["cpu_s"], 1),
+        "words": last["words"],
+        "words_per_s": round((last["words"] - first["words"]) / seconds, 1) if seconds > 0 else None,
+        "ents_f": last["scores"].get("ents_f"),
+        "steps": last["step"],
+        "loadavg_after": os.getloadavg(),
+    }
+
+
+def summarize(runs):
+    def pick(**kw):
+        return [r for r in runs if all(r[k] == v for k, v in kw.items())]
+
+    summary = {}
+    for kind in ("stock", "lean"):
+        seeds = pick(system=kind, train="train1", dev="dev1", nproc=1)
+        fs = [r["ents_f"] for r in seeds]
+        summary[kind] = {
+            "ents_f_mean": statistics.mean(fs),
+            "ents_f_spread": [min(fs), max(fs)],
+            "words_per_s_mean": statistics.mean(r["words_per_s"] for r in seeds),
+            "peak_rss_mb_by_train_size": {
+                r["train"]: r["peak_rss_mb"] for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
+            },
+            "peak_rss_mb_by_dev_size": {
+                r["dev"]: r["peak_rss_mb"] for r in pick(system=kind, train="train1", seed=0, nproc=1)
+            },
+        }
+        by_train = summary[kind]["peak_rss_mb_by_train_size"]
+        if "train1" in by_train and "train16" in by_train:
+            summary[kind]["rss_growth_1x_to_16x"] = round(by_train["train16"] / by_train["train1"] - 1, 4)
+        by_dev = summary[kind]["peak_rss_mb_by_dev_size"]
+        if "dev1" in by_dev and "dev8" in by_dev:
+            summary[kind]["rss_growth_dev_1x_to_8x"] = round(by_dev["dev8"] / by_dev["dev1"] - 1, 4)
+    if summary["stock"]["words_per_s_mean"]:
+        summary["lean_vs_stock_words_per_s"] = round(
+            summary["lean"]["words_per_s_mean"] / summary["stock"]["words_per_s_mean"], 3
+        )
+    two = pick(system="lean", nproc=2)
+    one = pick(system="lean", train="train1", dev="dev1", seed=0, nproc=1)
+    if two and one:
+        summary["nproc2_vs_1"] = {
+            "words_per_s_ratio": round(two[0]["words_per_s"] / one[0]["words_per_s"], 3),
+            "ents_f_1": one[0]["ents_f"],
+            "ents_f_2": two[0]["ents_f"],
+            "note": "2 ranks on the same 2 cores as 1 process: correctness and overhead, not speed-up; "
+            "each rank takes batch_size tokens per step, so 2 ranks train on twice the data per step",
+        }
+    return summary
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 seed")
+    parser.add_argument("--n-train", type=int, default=60, help="docs in the 1x training set")
+    parser.add_argument("--n-dev", type=int, default=30, help="docs in the 1x dev set")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    factors, dev_factors = (1, 4, 16), (1, 8)
+    if args.quick:
+        args.n_train, args.n_dev, args.steps, args.seeds = 10, 6, 4, 1
+    from spacy_lean import synthetic
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp_name:
+        tmp = Path(tmp_name)
+        data = make_data(tmp, args.n_train, args.n_dev, factors, dev_factors)
+        data["transformer"] = synthetic.make_tiny_transformer(tmp / "tiny_bert", hidden_size=64)
+        words = {k: words_in(v) for k, v in data.items() if k != "transformer"}
+        plan = [("train1", "dev1", s, 1) for s in range(args.seeds)]
+        plan += [("train4", "dev1", 0, 1), ("train16", "dev1", 0, 1), ("train1", "dev8", 0, 1)]
+        for train_key, dev_key, seed, nproc in plan:
+            for kind in ("stock", "lean"):  # interleaved
+                run = run_one(kind, tmp, data, train_key, dev_key, seed, args)
+                runs.append(run)
+                print(json.dumps(run), flush=True)
+        run = run_one("lean", tmp, data, "train1", "dev1", 0, args, nproc=2)
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    result = {
+        "benchmark": "train_memory",
+        "command": "nice -n 10 python benchmarks/train_memory.py" + (" --quick" if args.quick else ""),
+        "settings": vars(args) | {"output": str(args.output)},
+        "corpus_words": words,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "gpu": None,
+            "loadavg_end": os.getloadavg(),
+        },
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2), encoding="utf8")
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

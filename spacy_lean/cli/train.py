@@ -1,0 +1,215 @@
+"""`spacy lean train`: `spacy train`, data-parallel over processes and GPUs
+(torch.distributed), resumable, with out-of-memory-safe updates."""
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import typer
+from spacy import util
+from spacy.cli._util import import_code, parse_config_overrides, setup_gpu, show_validation_error
+from wasabi import Printer
+
+from . import lean_cli
+
+
+def parse_gpu_ids(value: Optional[str]) -> List[int]:
+    """'0,1,3' -> [0, 1, 3]; None, '' or '-1' -> [] (the CPU)."""
+    if not value or value.strip() == "-1":
+        return []
+    try:
+        ids = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--gpu-ids must be comma-separated integers such as 0,1, got {value!r}.") from None
+    if any(i < 0 for i in ids):
+        raise ValueError(f"--gpu-ids must be >= 0, got {value!r}; use -1 (or leave it out) to train on the CPU.")
+    return ids
+
+
+@contextlib.contextmanager
+def _single_process_view() -> Iterator[None]:
+    """Hide RANK/WORLD_SIZE while the pipeline is initialized, so every rank reads the
+    same examples for labels and shapes as one process would (rank-aware readers then
+    read everything), and builds the same model."""
+    saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@lean_cli.command(
+    "train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def train_cli(
+    # fmt: off
+    ctx: typer.Context,  # holds the config overrides (--paths.train ...)
+    config_path: Path = typer.Argument(..., help="Path to config file", exists=True, allow_dash=True),
+    output_path: Optional[Path] = typer.Option(None, "--output", "--output-path", "-o", help="Output directory: model-best, model-last, training-state"),
+    code_path: Optional[Path] = typer.Option(None, "--code", "-c", help="Path to Python file with additional code (registered functions) to be imported"),
+    verbose: bool = typer.Option(False, "--verbose", "-V", "-VV", help="Display more information for debugging purposes"),
+    use_gpu: int = typer.Option(-1, "--gpu-id", "-g", help="GPU ID or -1 for CPU (one process; see --gpu-ids for several)"),
+    gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help="Comma-separated GPU ids; local rank i uses the i-th (one process per GPU, nccl)"),
+    nproc: int = typer.Option(1, "--nproc", "-n", help="Start this many processes on this machine (gloo on the CPU, nccl with GPUs). Under torchrun leave it at 1"),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run saved in OUTPUT/training-state (any number of processes)"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for the others in a collective before the run fails"),
+    max_padded_tokens: Optional[int] = typer.Option(None, "--max-padded-tokens", help="Ceiling in padded tokens per micro-batch (gradient accumulation by tokens)"),
+    # fmt: on
+):
+    """Train a spaCy pipeline like `spacy train`, on one or several processes.
+
+    Takes every option and config override of `spacy train` (`--paths.train ...`).
+    With `--nproc N` it starts N processes on this machine; under `torchrun` each
+    process it starts is one rank (multi-node with torchrun's rendezvous flags). Each
+    rank reads its share of the training and dev data, the gradients are summed over
+    the ranks before every optimizer step, and only rank 0 logs and writes.
+    """
+    if verbose:
+        util.logger.setLevel(logging.DEBUG)
+    msg = Printer()
+    try:
+        ids = parse_gpu_ids(gpu_ids)
+    except ValueError as err:
+        msg.fail(str(err), exits=1)
+    if use_gpu >= 0 and not ids:
+        ids = [use_gpu]
+    if nproc < 1:
+        msg.fail(f"--nproc must be >= 1, got {nproc}.", exits=1)
+    if resume and output_path is None:
+        msg.fail("--resume needs --output: the folder of the run to continue.", exits=1)
+    from ..training.dist import launch_local, launched_by_us
+
+    if nproc > 1 and not launched_by_us():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            msg.fail(
+                "--nproc starts processes itself; under torchrun leave it out (torchrun's "
+                "--nproc-per-node sets the number of processes).",
+                exits=1,
+            )
+        if ids and len(ids) < nproc:
+            msg.warn(f"{nproc} processes share {len(ids)} GPU(s): {ids}")
+        argv = [sys.executable, "-m", "spacy", "lean", "train", str(config_path)]
+        if output_path is not None:
+            argv += ["--output", str(output_path)]
+        if code_path is not None:
+            argv += ["--code", str(code_path)]
+        if verbose:
+            argv.append("--verbose")
+        if ids:
+            argv += ["--gpu-ids", ",".join(str(i) for i in ids)]
+        if resume:
+            argv.append("--resume")
+        if max_padded_tokens is not None:
+            argv += ["--max-padded-tokens", str(max_padded_tokens)]
+        argv += ["--timeout", str(timeout), *ctx.args]
+        msg.info(f"Starting {nproc} processes")
+        code = launch_local(argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text))
+        if code:
+            sys.exit(code)
+        return
+    overrides = parse_config_overrides(ctx.args)
+    import_code(code_path)
+    train(
+        config_path,
+        output_path,
+        gpu_ids=ids,
+        overrides=overrides,
+        resume=resume,
+        timeout=timeout,
+        max_padded_tokens=max_padded_tokens,
+    )
+
+
+def train(
+    config_path: Path,
+    output_path: Optional[Path] = None,
+    *,
+    gpu_ids: List[int] = (),  # type: ignore[assignment]
+    overrides: Dict = util.SimpleFrozenDict(),
+    resume: bool = False,
+    timeout: float = 600.0,
+    max_padded_tokens: Optional[int] = None,
+) -> None:
+    """Run this process's rank of a training run (the rank comes from RANK/WORLD_SIZE).
+
+    config_path (Path): the training config.
+    output_path (Optional[Path]): where rank 0 writes.
+    gpu_ids (List[int]): GPUs by local rank; empty for the CPU.
+    overrides (dict): config overrides.
+    resume (bool): continue from output_path/training-state.
+    timeout (float): collective timeout in seconds.
+    max_padded_tokens (Optional[int]): see `spacy_lean.training.update.UpdatePolicy`.
+    """
+    from spacy.training.initialize import init_nlp
+
+    from ..training.dist import context_from_env
+    from ..training.loop import DIR_STATE, read_training_state
+    from ..training.loop import train as train_nlp
+
+    try:
+        dctx = context_from_env(gpu_ids, timeout_s=timeout)
+    except ValueError as err:
+        Printer().fail(str(err), exits=1)
+    msg = Printer(no_print=not dctx.is_main)
+    config_path = util.ensure_path(config_path)
+    output_path = util.ensure_path(output_path)
+    if output_path is None:
+        msg.info("No output directory provided")
+    elif dctx.is_main:
+        if not output_path.exists():
+            output_path.mkdir(parents=True)
+            msg.good(f"Created output directory: {output_path}")
+        msg.info(f"Saving to output directory: {output_path}")
+    setup_gpu(dctx.gpu_id, silent=not dctx.is_main)
+    with show_validation_error(config_path):
+        config = util.load_config(config_path, overrides=overrides, interpolate=False)
+    state = None
+    if resume:
+        try:
+            state = read_training_state(output_path)
+        except (FileNotFoundError, ValueError) as err:
+            msg.fail(str(err), exits=1)
+        state["path"] = str(output_path / DIR_STATE)
+        msg.divider("Loading the saved pipeline")
+        with show_validation_error(config_path, hint_fill=False):
+            nlp = util.load_model_from_config(config, auto_fill=True)
+        nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config.cfg"])
+        msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
+    else:
+        msg.divider("Initializing pipeline")
+        with show_validation_error(config_path, hint_fill=False), _single_process_view():
+            nlp = init_nlp(config, use_gpu=dctx.gpu_id)
+        msg.good("Initialized pipeline")
+    policy = None
+    try:
+        from ..training.update import UpdatePolicy
+
+        policy = UpdatePolicy(max_padded_tokens=max_padded_tokens)
+    except ImportError:  # pragma: no cover - part 1 not installed
+        pass
+    msg.divider("Training pipeline")
+    try:
+        dctx.init()
+        train_nlp(
+            nlp,
+            output_path,
+            ctx=dctx,
+            resume=state,
+            policy=policy,
+            stdout=sys.stdout if dctx.is_main else open(os.devnull, "w"),
+            stderr=sys.stderr,
+        )
+    except Exception as err:
+        if dctx.active:
+            traceback.print_exc()
+            Printer().fail(
+                f"Rank {dctx.rank} of {dctx.world_size} stopped: {type(err).__name__}: {err}. "
+                "If another rank died first, its own message above names the cause.",
+                exits=1,
+            )
+        raise
+    finally:
+        dctx.close()

@@ -1,0 +1,583 @@
+"""Data-parallel plumbing for `spacy lean train`: the process group, a fixed list of
+every trainable parameter, the gradient all-reduce, JSON collectives, the optimizer
+state on disk (numpy .npz, no pickle) and the local launcher.
+
+One code path for 1 and N processes: with one process the collectives do nothing.
+"""
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy
+
+# Elements per all-reduce call: large parameter sets are reduced in buckets of this
+# size, so the flat copy never holds more than one bucket beyond the gradients.
+DEFAULT_BUCKET_ELEMENTS = 1 << 24
+DEFAULT_TIMEOUT_S = 600.0
+# Set by `launch_local` in the environment of the processes it starts.
+LAUNCHED_ENV = "SPACY_LEAN_LAUNCHED"
+
+
+class RankFailedError(RuntimeError):
+    """A rank of a data-parallel run died or failed."""
+
+
+@dataclass
+class DistContext:
+    """Where this process stands in the run: rank, world size, local rank and device.
+
+    With `world_size == 1` every collective returns its input unchanged.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    gpu_id: int = -1
+    backend: Optional[str] = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    initialized_here: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def device(self):
+        import torch
+
+        if self.gpu_id >= 0 and self.backend == "nccl":
+            return torch.device("cuda", self.gpu_id)
+        return torch.device("cpu")
+
+    def init(self) -> "DistContext":
+        """Join the process group (env:// rendezvous: MASTER_ADDR/MASTER_PORT, RANK,
+        WORLD_SIZE), with a timeout so a dead rank ends the run instead of hanging it."""
+        if not self.active:
+            return self
+        import torch.distributed as dist
+
+        if not dist.is_available():  # pragma: no cover - every torch wheel has it
+            raise RuntimeError("torch.distributed is not available in this torch build.")
+        if dist.is_initialized():
+            return self
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise ValueError(
+                    f"{name} is not set: start the run with `spacy lean train --nproc N` or "
+                    "under torchrun, which set it."
+                )
+        self.backend = "nccl" if self.gpu_id >= 0 else "gloo"
+        kwargs: Dict[str, Any] = {}
+        if self.backend == "nccl":  # pragma: no cover - needs GPUs
+            import torch
+
+            kwargs["device_id"] = torch.device("cuda", self.gpu_id)
+        dist.init_process_group(
+            self.backend,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+            **kwargs,
+        )
+        self.initialized_here = True
+        return self
+
+    def close(self) -> None:
+        if self.initialized_here:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.initialized_here = False
+
+    # -- collectives --------------------------------------------------------------
+
+    def all_reduce_sum(self, values: Sequence[float]) -> numpy.ndarray:
+        """Sum a short vector of numbers over the ranks (float64 on the CPU side)."""
+        array = numpy.asarray(values, dtype="float64")
+        if not self.active:
+            return array
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.as_tensor(array, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.cpu().numpy()
+
+    def barrier(self) -> None:
+        if self.active:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def all_gather_json(self, obj: Any) -> List[Any]:
+        """Gather one JSON-serialisable object from every rank, in rank order.
+
+        The objects travel as UTF-8 JSON in byte tensors: nothing is unpickled.
+        """
+        if not self.active:
+            return [obj]
+        import torch
+        import torch.distributed as dist
+
+        data = json.dumps(obj).encode("utf8")
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        dist.all_gather(sizes, size)
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        if data:
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        return [
+            json.loads(bytes(t[: int(s.item())].cpu().numpy()).decode("utf8"))
+            for t, s in zip(gathered, sizes)
+        ]
+
+
+def context_from_env(
+    gpu_ids: Sequence[int] = (), timeout_s: float = DEFAULT_TIMEOUT_S
+) -> DistContext:
+    """Read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK); (0, 1, 0) when unset.
+
+    gpu_ids (Sequence[int]): the GPUs of this machine's ranks; local rank i uses
+        gpu_ids[i % len(gpu_ids)]. Empty: CPU.
+    """
+    def read(name: str, default: int) -> int:
+        value = os.environ.get(name)
+        if value is None:
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} must be an integer.") from None
+
+    world = read("WORLD_SIZE", 1)
+    rank = read("RANK", 0)
+    local_rank = read("LOCAL_RANK", rank if world > 1 else 0)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE.")
+    gpu_id = gpu_ids[local_rank % len(gpu_ids)] if gpu_ids else -1
+    return DistContext(rank, world, local_rank, gpu_id, timeout_s=timeout_s)
+
+
+# -- parameters ---------------------------------------------------------------------
+
+
+@dataclass
+class ParamEntry:
+    """One trainable parameter: a thinc parameter of a node, or a torch parameter
+    inside a PyTorchShim. `name` is stable across processes and runs of one config."""
+
+    name: str
+    key: Tuple[int, str]  # the optimizer's key for it
+    shape: Tuple[int, ...]
+    node: Any = None
+    param_name: str = ""
+    torch_param: Any = None
+
+    @property
+    def size(self) -> int:
+        return int(numpy.prod(self.shape)) if self.shape else 1
+
+    def grad_tensor(self):
+        """The gradient as a torch tensor (a view where possible), or None."""
+        import torch
+
+        if self.torch_param is not None:
+            return self.torch_param.grad
+        if not self.node.has_grad(self.param_name):
+            return None
+        grad = self.node.get_grad(self.param_name)
+        if isinstance(grad, numpy.ndarray):
+            return torch.from_numpy(numpy.ascontiguousarray(grad))
+        return torch.utils.dlpack.from_dlpack(grad)  # pragma: no cover - cupy
+
+    def set_grad(self, flat) -> None:
+        """Write a reduced gradient (a flat torch tensor) back."""
+        if self.torch_param is not None:
+            param = self.torch_param
+            if param.grad is None:
+                param.grad = flat.view(param.shape).to(param.device, param.dtype).clone()
+            else:
+                param.grad.copy_(flat.view(param.shape))
+            return
+        node, name = self.node, self.param_name
+        if node.has_grad(name):
+            grad = node.get_grad(name)
+            if isinstance(grad, numpy.ndarray):
+                grad[...] = flat.view(self.shape).cpu().numpy()
+            else:  # pragma: no cover - cupy
+                import cupy
+
+                grad[...] = cupy.from_dlpack(flat.view(self.shape).to(f"cuda:{grad.device.id}"))
+        else:
+            value = flat.view(self.shape).cpu().numpy().copy()
+            param = node.get_param(name)
+            if not isinstance(param, numpy.ndarray):  # pragma: no cover - cupy
+                value = node.ops.asarray(value)
+            node.set_grad(name, value.astype(param.dtype, copy=False))
+
+    def get_value(self):
+        import torch
+
+        if self.torch_param is not None:
+            return self.torch_param.data
+        value = self.node.get_param(self.param_name)
+        if isinstance(value, numpy.ndarray):
+            return torch.from_numpy(numpy.ascontiguousarray(value))
+        return torch.utils.dlpack.from_dlpack(value)  # pragma: no cover - cupy
+
+    def set_value(self, flat) -> None:
+        if self.torch_param is not None:
+            self.torch_param.data.copy_(flat.view(self.shape))
+            return
+        value = self.node.get_param(self.param_name)
+        if isinstance(value, numpy.ndarray):
+            value = value.copy()
+            value[...] = flat.view(self.shape).cpu().numpy()
+        else:  # pragma: no cover - cupy
+            import cupy
+
+            value = cupy.from_dlpack(flat.view(self.shape).to(f"cuda:{value.device.id}")).copy()
+        self.node.set_param(self.param_name, value)
+
+
+def trainable_components(nlp, exclude: Iterable[str] = ()) -> List[Tuple[str, Any]]:
+    """The components whose `finish_update` the loop calls (as spaCy's loop picks them)."""
+    exclude = set(exclude)
+    return [
+        (name, proc)
+        for name, proc in nlp.pipeline
+        if name not in exclude
+        and getattr(proc, "is_trainable", False)
+        and getattr(proc, "model", None) not in (True, False, None)
+    ]
+
+
+def collect_params(nlp, exclude: Iterable[str] = ()) -> List[ParamEntry]:
+    """Every parameter the optimizer can update, in a fixed order: per trainable
+    component, its model's nodes in walk order; per node its PyTorchShims' torch
+    parameters, then its thinc parameters. A node or shim shared by two components is
+    listed once.
+
+    RETURNS (List[ParamEntry]): the parameters.
+    """
+    from thinc.shims import PyTorchShim
+
+    entries: List[ParamEntry] = []
+    seen_nodes, seen_shims = set(), set()
+    for comp, proc in trainable_components(nlp, exclude):
+        for i, node in enumerate(proc.model.walk()):
+            if node.id in seen_nodes:
+                continue
+            seen_nodes.add(node.id)
+            prefix = f"{comp}/{i}:{node.name}"
+            for j, shim in enumerate(node.shims):
+                if shim.id in seen_shims or not isinstance(shim, PyTorchShim):
+                    continue
+                seen_shims.add(shim.id)
+                for tname, tparam in shim._model.named_parameters():
+                    if not tparam.requires_grad:
+                        continue
+                    entries.append(
+                        ParamEntry(
+                            f"{prefix}/shim{j}/{tname}",
+                            (shim.id, tname),
+                            tuple(tparam.shape),
+                            torch_param=tparam,
+                        )
+                    )
+            for pname in node.param_names:
+                if not node.has_param(pname):
+                    continue
+                entries.append(
+                    ParamEntry(
+                        f"{prefix}/{pname}",
+                        (node.id, pname),
+                        tuple(node.get_param(pname).shape),
+                        node=node,
+                        param_name=pname,
+                    )
+                )
+    return entries
+
+
+def _buckets(entries: Sequence[ParamEntry], cap: int) -> List[List[ParamEntry]]:
+    buckets: List[List[ParamEntry]] = [[]]
+    filled = 0
+    for entry in entries:
+        if buckets[-1] and filled + entry.size > cap:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(entry)
+        filled += entry.size
+    return buckets
+
+
+class GradientReducer:
+    """Sums the gradients of a fixed parameter list over the ranks.
+
+    Every rank reduces the same buckets in the same order, with zeros where it has no
+    gradient and one flag per parameter saying whether it had one, so ranks that
+    disagree on which parameters have gradients cannot hang or misalign a collective.
+    After the reduction a parameter has a gradient on every rank iff it had one on some
+    rank, as in one process that saw every rank's examples. Numbers summed along
+    (`extras`: words, losses...) ride in the last bucket.
+
+    The gradients are SUMMED, not averaged: spaCy's losses are sums over the examples
+    of a batch (the parser's and tagger's gradients are not divided by the batch size),
+    so N ranks with batches of B examples make the update of one process with N x B.
+    """
+
+    def __init__(
+        self, ctx: DistContext, entries: Sequence[ParamEntry], bucket_elements: int = DEFAULT_BUCKET_ELEMENTS
+    ):
+        self.ctx = ctx
+        self.entries = list(entries)
+        self.buckets = _buckets(self.entries, max(1, bucket_elements))
+
+    def reduce(self, extras: Sequence[float]) -> numpy.ndarray:
+        """All-reduce the gradients and `extras`; RETURNS the summed extras."""
+        extras = numpy.asarray(extras, dtype="float64")
+        if not self.ctx.active:
+            return extras
+        import torch
+        import torch.distributed as dist
+
+        device = self.ctx.device
+        flags = torch.zeros(len(self.entries), dtype=torch.float32)
+        reduced = []
+        index = 0
+        for b, bucket in enumerate(self.buckets):
+            last = b == len(self.buckets) - 1
+            n_grad = sum(e.size for e in bucket)
+            n_tail = len(self.entries) + len(extras) if last else 0
+            flat = torch.zeros(n_grad + n_tail, dtype=torch.float32, device=device)
+            offset = 0
+            for entry in bucket:
+                grad = entry.grad_tensor()
+                if grad is not None:
+                    flat[offset : offset + entry.size].copy_(grad.reshape(-1))
+                    flags[index] = 1.0
+                offset += entry.size
+                index += 1
+            if last:
+                # The flags of every parameter (all buckets), then the extras.
+                tail = torch.cat([flags, torch.as_tensor(extras, dtype=torch.float32)])
+                flat[n_grad:] = tail.to(device)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            reduced.append(flat)
+        tail = reduced[-1][n_grad:].cpu().numpy()
+        all_flags = tail[: len(self.entries)]
+        summed = tail[len(self.entries) :].astype("float64")
+        # Write back once every bucket is reduced (the flags come with the last one).
+        index = 0
+        for bucket, flat in zip(self.buckets, reduced):
+            offset = 0
+            for entry in bucket:
+                if all_flags[index] > 0:
+                    entry.set_grad(flat[offset : offset + entry.size])
+                offset += entry.size
+                index += 1
+        return summed
+
+    def broadcast_values(self, src: int = 0) -> None:
+        """Give every rank rank `src`'s parameter values."""
+        if not self.ctx.active:
+            return
+        import torch
+        import torch.distributed as dist
+
+        for bucket in self.buckets:
+            flat = torch.zeros(sum(e.size for e in bucket), dtype=torch.float32, device=self.ctx.device)
+            offset = 0
+            for entry in bucket:
+                flat[offset : offset + entry.size].copy_(entry.get_value().reshape(-1))
+                offset += entry.size
+            dist.broadcast(flat, src)
+            offset = 0
+            for entry in bucket:
+                entry.set_value(flat[offset : offset + entry.size])
+                offset += entry.size
+
+    def check_same_params(self) -> None:
+        """Raise on every rank when the ranks built different parameter lists (e.g.
+        different labels), before any gradient collective could misalign."""
+        layout = [[e.name, list(e.shape)] for e in self.entries]
+        layouts = self.ctx.all_gather_json(layout)
+        for rank, other in enumerate(layouts):
+            if other != layout:
+                diff = next(
+                    (f"{a} vs {b}" for a, b in zip(layout, other) if a != b),
+                    f"{len(layout)} vs {len(other)} parameters",
+                )
+                raise RankFailedError(
+                    f"Rank {rank} built a different model than rank {self.ctx.rank} "
+                    f"(first difference: {diff}). Every rank must initialize the pipeline "
+                    "from the same config and data; check [initialize] labels and that "
+                    "every rank reads the same files."
+                )
+
+
+# -- optimizer state ----------------------------------------------------------------
+
+OPTIMIZER_FILE = "optimizer.npz"
+
+
+def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> Dict[str, Any]:
+    """Write the optimizer's per-parameter state (Adam moments, averages, update
+    counts) to a .npz file keyed by stable parameter names (arrays only, no pickle).
+
+    RETURNS (dict): JSON-able scalars of the optimizer (learn rate and friends).
+    """
+    arrays: Dict[str, numpy.ndarray] = {}
+    names = []
+    counts = []
+    for i, entry in enumerate(entries):
+        names.append(entry.name)
+        counts.append(int(optimizer.nr_update.get(entry.key, 0)))
+        for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2), ("avg", optimizer.averages or {})):
+            if entry.key in table:
+                value = table[entry.key]
+                arrays[f"{prefix}_{i}"] = value.get() if hasattr(value, "get") else numpy.asarray(value)
+    arrays["names"] = numpy.array(names, dtype=str)
+    arrays["nr_update"] = numpy.array(counts, dtype="int64")
+    path = Path(path)
+    with path.open("wb") as file_:
+        numpy.savez(file_, **arrays)
+    return {
+        key: getattr(optimizer, key)
+        for key in ("learn_rate", "b1", "b2", "eps", "L2", "grad_clip")
+        if isinstance(getattr(optimizer, key, None), (int, float))
+    }
+
+
+def load_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> int:
+    """Restore what `save_optimizer` wrote into `optimizer`, mapping the stable names
+    to this process's parameter keys. RETURNS the number of parameters restored."""
+    path = Path(path)
+    with numpy.load(path, allow_pickle=False) as data:
+        names = [str(n) for n in data["names"]]
+        counts = data["nr_update"]
+        ours = {e.name: e for e in entries}
+        missing = sorted(set(ours) - set(names))
+        if missing:
+            raise ValueError(
+                f"The optimizer state {path} has no entry for {len(missing)} parameters of "
+                f"this pipeline (e.g. {missing[0]!r}): it was saved for another model. "
+                "Resume with the config the run was started with."
+            )
+        restored = 0
+        for i, name in enumerate(names):
+            entry = ours.get(name)
+            if entry is None:
+                continue
+            ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
+            if counts[i]:
+                optimizer.nr_update[entry.key] = int(counts[i])
+            for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
+                if f"{prefix}_{i}" in data.files:
+                    table[entry.key] = ops_array(data[f"{prefix}_{i}"])
+            if f"avg_{i}" in data.files and optimizer.averages is not None:
+                optimizer.averages[entry.key] = ops_array(data[f"avg_{i}"])
+            restored += 1
+    return restored
+
+
+# -- the local launcher ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_local(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    gpu_ids: Sequence[int] = (),
+    grace_s: float = 10.0,
+    poll_s: float = 0.2,
+    env: Optional[Dict[str, str]] = None,
+    log=None,
+) -> int:
+    """Start `nproc` ranks of a command on this machine (torchrun's variables set) and
+    watch them: when one exits with an error, the others are stopped (SIGTERM, then
+    SIGKILL after `grace_s`) and the exit code of the first failure is returned.
+
+    argv (Sequence[str]): the command each rank runs.
+    nproc (int): number of processes.
+    gpu_ids (Sequence[int]): GPUs handed out by local rank (informational here; each
+        rank picks its own from LOCAL_RANK).
+    RETURNS (int): 0 when every rank succeeded, else the first failing rank's code.
+    """
+    base = dict(os.environ if env is None else env)
+    base.update(
+        MASTER_ADDR=base.get("MASTER_ADDR", "127.0.0.1"),
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        **{LAUNCHED_ENV: "1"},
+    )
+    if "OMP_NUM_THREADS" not in base:
+        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    procs: List[subprocess.Popen] = []
+    for rank in range(nproc):
+        child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen(list(argv), env=child_env))
+    failure: Optional[Tuple[int, int]] = None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                failure = failed[0]
+                break
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        failure = (-1, 130)
+    # Stop the ranks still running: they would wait for the dead one until timeout.
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    rank, code = failure
+    if log is not None:
+        if rank >= 0:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            log(
+                f"Rank {rank} of {nproc} {how}; stopped the other ranks "
+                f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
+                "Resume from the last checkpoint with --resume."
+            )
+        else:
+            log("Interrupted; stopped every rank.")
+    return code if code > 0 else 1
+
+
+def launched_by_us() -> bool:
+    return os.environ.get(LAUNCHED_ENV) == "1"

@@ -1,0 +1,518 @@
+"""The training loop of `spacy lean train`: spaCy's `train` / `train_while_improving`
+(spacy/training/loop.py) made data-parallel and resumable.
+
+Per global step every rank takes its next batch from its own share of the training
+corpus, runs `lean_update` (gradients accumulate, no optimizer step), the gradients of
+every parameter are summed over the ranks (`GradientReducer`), and every rank steps
+its optimizer with the same gradients, so all ranks keep identical weights. The dev
+set is scored in shares with the streaming evaluator and the score states are merged,
+so the score is the one of a single process. Only rank 0 logs and writes.
+"""
+import random
+import shutil
+import sys
+from pathlib import Path
+from timeit import default_timer as timer
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy
+import srsly
+from spacy.errors import Errors
+from spacy.language import Language
+from spacy.schemas import ConfigSchemaTraining
+from spacy.training.loop import (
+    DIR_MODEL_BEST,
+    DIR_MODEL_LAST,
+    clean_output_dir,
+    create_before_to_disk_callback,
+    subdivide_batch,
+    update_meta,
+)
+from spacy.util import registry, resolve_dot_names
+from thinc.api import constant, fix_random_seed
+from wasabi import Printer
+
+from .dist import (
+    OPTIMIZER_FILE,
+    DistContext,
+    GradientReducer,
+    ParamEntry,
+    collect_params,
+    load_optimizer,
+    save_optimizer,
+    trainable_components,
+)
+
+try:  # the out-of-memory-safe update (issue 10, part 1)
+    from .update import UpdatePolicy, lean_update
+except ImportError:  # pragma: no cover - only while update.py is missing
+    UpdatePolicy = None  # type: ignore[assignment,misc]
+
+    def lean_update(nlp, examples, *, drop=0.0, losses=None, exclude=(), annotates=(), policy=None):
+        return nlp.update(
+            list(examples), drop=drop, losses=losses, sgd=False, exclude=exclude, annotates=annotates
+        )
+
+
+DIR_STATE = "training-state"
+STATE_FORMAT = "spacy-lean.train-state.v1"
+
+
+# -- data: each rank's share ------------------------------------------------------
+
+
+def _reader_shares_itself(corpus, ctx: DistContext, what: str) -> bool:
+    """Whether the reader already yields only this rank's share
+    (`spacy-lean.Corpus.v1` reads torch.distributed's rank); else the loop keeps every
+    world-size-th example itself."""
+    from ..corpus.reader import LeanCorpus
+
+    if not isinstance(corpus, LeanCorpus) or not ctx.active:
+        return False
+    rank, size = corpus.rank_and_size
+    if (rank, size) == (ctx.rank, ctx.world_size):
+        return True
+    if size == 1:
+        return False
+    raise ValueError(
+        f"[{what}] sets instance_rank={rank}, num_instances={size}, but this run has "
+        f"{ctx.world_size} ranks (this is rank {ctx.rank}). Set both to null: the reader "
+        "then takes its share from torch.distributed."
+    )
+
+
+def _share(examples, ctx: DistContext, shares_itself: bool):
+    if shares_itself or not ctx.active:
+        yield from examples
+        return
+    for i, eg in enumerate(examples):
+        if i % ctx.world_size == ctx.rank:
+            yield eg
+
+
+class RankBatches:
+    """The batches of this rank, epoch by epoch, as spaCy's `create_train_batches`
+    makes them from this rank's share of the corpus; an epoch can be replayed from its
+    start, skipping what a previous run trained on."""
+
+    def __init__(self, nlp, corpus, batcher, max_epochs: int, ctx: DistContext):
+        self.nlp = nlp
+        self.corpus = corpus
+        self.batcher = batcher
+        self.max_epochs = max_epochs
+        self.ctx = ctx
+        self.shares_itself = _reader_shares_itself(corpus, ctx, "corpora.train")
+        self.examples: Optional[List] = None
+        # Per epoch: what resuming needs to replay it.
+        self.epoch_random: Any = None
+        self.batcher_rng: Any = None
+        self.batches = 0
+        self.n_examples = 0
+        self.skipped = 0
+
+    def epoch(self, epoch: int, *, skip_batches: int = 0, skip_examples: int = 0) -> Iterator[List]:
+        """Start epoch `epoch`; shuffling happens now, so the caller can set the global
+        random state afterwards."""
+        self.epoch_random = _jsonable(random.getstate())
+        rng = getattr(self.batcher, "rng", None)
+        self.batcher_rng = _jsonable(rng.getstate()) if isinstance(rng, random.Random) else None
+        if self.max_epochs >= 0:
+            if self.examples is None:
+                self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
+            random.shuffle(self.examples)
+            examples: Any = iter(self.examples)
+        else:
+            if hasattr(self.corpus, "set_state") and hasattr(self.corpus, "epoch"):
+                self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
+            examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself)
+        self.skipped = 0
+        if skip_examples:
+            for _ in zip(range(skip_examples), examples):
+                self.skipped += 1
+        batches = iter(self.batcher(examples))
+        self.batches = 0
+        self.n_examples = 0
+        for _ in range(skip_batches):
+            batch = next(batches, None)
+            if batch is None:
+                break
+            self.batches += 1
+            self.n_examples += len(batch)
+        return self._count(batches)
+
+    def _count(self, batches) -> Iterator[List]:
+        for batch in batches:
+            self.batches += 1
+            self.n_examples += len(batch)
+            yield batch
+
+
+def _jsonable(state: Any) -> Any:
+    """random.Random.getstate() as nested lists (JSON has no tuples)."""
+    if isinstance(state, tuple):
+        return [_jsonable(s) for s in state]
+    return state
+
+
+def _tupled(state: Any) -> Any:
+    if isinstance(state, list):
+        return tuple(_tupled(s) for s in state)
+    return state
+
+
+def _rng_states() -> Dict[str, Any]:
+    import torch
+
+    np_state = numpy.random.get_state()
+    return {
+        "random": _jsonable(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def _set_rng_states(states: Dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(_tupled(states["random"]))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    numpy.random.set_state((kind, numpy.asarray(keys, dtype="uint32"), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
+
+
+# -- evaluation --------------------------------------------------------------------
+
+
+def weighted_score(scores: Dict[str, Any], weights: Dict[str, Optional[float]]) -> Tuple[float, Dict[str, Any]]:
+    """The main score as spaCy's training computes it: the weighted sum of the scores
+    named in [training.score_weights] (None scores dropped)."""
+    scores = {key: value for key, value in scores.items() if value is not None}
+    weights = {k: v for k, v in weights.items() if v is not None and k in scores}
+    for key in weights:
+        if not isinstance(scores[key], (int, float)):
+            raise ValueError(Errors.E915.format(name=key, score_type=type(scores[key])))
+    return sum(scores[k] * w for k, w in weights.items()), scores
+
+
+def make_distributed_evaluation(
+    nlp: Language, dev_corpus: Callable, weights: Dict[str, Optional[float]], ctx: DistContext
+) -> Callable[[], Tuple[float, Dict[str, Any]]]:
+    """Each rank scores its share of the dev set with the streaming evaluator; the
+    states are gathered (as JSON) and merged in rank order on every rank, so every rank
+    gets the single-process scores and can take the same stopping decision."""
+    from ..distributed import merge_states
+    from ..streaming import StreamingEvaluator, make_score_state
+
+    shares_itself = _reader_shares_itself(dev_corpus, ctx, "corpora.dev")
+
+    def evaluate() -> Tuple[float, Dict[str, Any]]:
+        evaluator = StreamingEvaluator(nlp)
+        try:
+            state = evaluator.run(_share(dev_corpus(nlp), ctx, shares_itself))
+        except KeyError as e:
+            raise KeyError(Errors.E900.format(pipeline=nlp.pipe_names)) from e
+        states = ctx.all_gather_json(state.to_dict())
+        merged = merge_states(dict(enumerate(states)), nlp, template=make_score_state(nlp))
+        return weighted_score(merged.result(), weights)
+
+    return evaluate
+
+
+# -- checkpoints -------------------------------------------------------------------
+
+
+def save_training_state(
+    path: Path, nlp: Language, optimizer, entries: Sequence[ParamEntry], state: Dict[str, Any]
+) -> None:
+    """Write the resumable state (rank 0): the pipeline with its current (not averaged)
+    weights, the optimizer's state as .npz, and the loop's position as JSON. Written
+    to a temporary folder and swapped in, so a crash leaves the previous state."""
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    nlp.to_disk(tmp / "model")
+    state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
+    srsly.write_json(tmp / "state.json", state)
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        path.rename(old)
+    tmp.rename(path)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def read_training_state(output_path: Path) -> Dict[str, Any]:
+    path = output_path / DIR_STATE
+    file_ = path / "state.json"
+    if not file_.exists():
+        raise FileNotFoundError(
+            f"Nothing to resume in {output_path}: {file_} does not exist. The state is "
+            "written at every evaluation; start without --resume."
+        )
+    state = srsly.read_json(file_)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{file_} is not a spacy-lean training state ({STATE_FORMAT}).")
+    return state
+
+
+# -- the loop ----------------------------------------------------------------------
+
+
+def train(
+    nlp: Language,
+    output_path: Optional[Path] = None,
+    *,
+    ctx: Optional[DistContext] = None,
+    resume: Optional[Dict[str, Any]] = None,
+    policy=None,
+    stdout: IO = sys.stdout,
+    stderr: IO = sys.stderr,
+) -> Tuple[Language, Optional[Path]]:
+    """Train a pipeline on this rank, in step with the other ranks.
+
+    nlp (Language): the initialized pipeline with the full config (identical on all ranks).
+    output_path (Optional[Path]): where rank 0 writes model-best, model-last and the
+        resumable training-state.
+    ctx (DistContext): this rank's place in the run (None: one process).
+    resume (Optional[dict]): a state from `read_training_state` (its model already
+        loaded into `nlp`).
+    policy (Optional[UpdatePolicy]): settings of `lean_update`.
+    RETURNS (Tuple[Language, Optional[Path]]): the pipeline and model-last's path.
+    """
+    ctx = ctx if ctx is not None else DistContext()
+    msg = Printer(no_print=True)
+    config = nlp.config.interpolate()
+    if config["training"]["seed"] is not None:
+        fix_random_seed(config["training"]["seed"])
+    T = registry.resolve(config["training"], schema=ConfigSchemaTraining)  # type: ignore[arg-type]
+    train_corpus, dev_corpus = resolve_dot_names(config, [T["train_corpus"], T["dev_corpus"]])
+    optimizer = T["optimizer"]
+    score_weights = T["score_weights"]
+    before_to_disk = create_before_to_disk_callback(T["before_to_disk"])
+    before_update = T["before_update"]
+    frozen = T["frozen_components"]
+    annotating = T["annotating_components"]
+    max_steps, eval_frequency, patience = T["max_steps"], T["eval_frequency"], T["patience"]
+    dropouts = constant(T["dropout"]) if isinstance(T["dropout"], float) else T["dropout"]
+
+    entries = collect_params(nlp, exclude=frozen)
+    reducer = GradientReducer(ctx, entries)
+    reducer.check_same_params()
+    reducer.broadcast_values(0)  # identical start, whatever each rank's init did
+    loss_names = list(nlp.pipe_names)
+    trainable = trainable_components(nlp, exclude=frozen)
+    batches = RankBatches(nlp, train_corpus, T["batcher"], T["max_epochs"], ctx)
+    evaluate = make_distributed_evaluation(nlp, dev_corpus, score_weights, ctx)
+
+    step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
+    done_step = -1  # the last step whose update every rank has made
+    skip_batches = skip_examples = 0
+    rank_resume: Optional[Dict[str, Any]] = None
+    if resume is not None:
+        done_step = int(resume["step"])
+        step = done_step + 1
+        epoch = int(resume["epoch"])
+        results = [(float(s), int(k)) for s, k in resume["results"]]
+        words_seen = int(resume["words"])
+        seconds_before = float(resume["seconds"])
+        load_optimizer(optimizer, entries, Path(resume["path"]) / OPTIMIZER_FILE)
+        for _ in range(step):  # the schedules (learn rate...) continue per global step
+            next(dropouts)
+            optimizer.step_schedules()
+        ranks = resume["ranks"]
+        if int(resume["world_size"]) == ctx.world_size:
+            rank_resume = ranks[ctx.rank]
+            skip_batches = int(rank_resume["batches"])
+            skip_examples = int(rank_resume.get("skipped", 0))
+        else:
+            # Another number of ranks: the shares differ; each rank skips its part of
+            # the examples the old ranks trained on in this epoch.
+            done = sum(int(r["examples"]) + int(r.get("skipped", 0)) for r in ranks)
+            skip_examples = done // ctx.world_size
+            rank_resume = ranks[ctx.rank] if ctx.rank < len(ranks) else ranks[0]
+        random.setstate(_tupled(rank_resume["epoch_random"]))
+        rng = getattr(T["batcher"], "rng", None)
+        if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
+            rng.setstate(_tupled(rank_resume["batcher_rng"]))
+    elif ctx.is_main:
+        clean_output_dir(output_path)
+
+    def save_model(is_best: bool) -> None:
+        with nlp.use_params(optimizer.averages):
+            before_to_disk(nlp).to_disk(output_path / DIR_MODEL_LAST)
+        if is_best:
+            if (output_path / DIR_MODEL_BEST).exists():
+                shutil.rmtree(output_path / DIR_MODEL_BEST)
+            shutil.copytree(output_path / DIR_MODEL_LAST, output_path / DIR_MODEL_BEST)
+
+    def checkpoint(seconds: float) -> None:
+        # Collective: every rank sends where it stands; rank 0 writes.
+        mine = {
+            "batches": batches.batches,
+            "examples": batches.n_examples,
+            "skipped": batches.skipped,
+            "epoch_random": batches.epoch_random,
+            "batcher_rng": batches.batcher_rng,
+            "rng": _rng_states(),
+        }
+        ranks = ctx.all_gather_json(mine)
+        if ctx.is_main and output_path is not None:
+            state = {
+                "format": STATE_FORMAT,
+                "step": done_step,
+                "epoch": epoch,
+                "results": results,
+                "words": words_seen,
+                "seconds": seconds,
+                "world_size": ctx.world_size,
+                "ranks": ranks,
+                "params": [e.name for e in entries],
+            }
+            save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
+
+    if ctx.is_main:
+        stdout.write(msg.info(f"Pipeline: {nlp.pipe_names}") + "\n")
+        if frozen:
+            stdout.write(msg.info(f"Frozen components: {frozen}") + "\n")
+        if annotating:
+            stdout.write(msg.info(f"Set annotations on update for: {annotating}") + "\n")
+        stdout.write(msg.info(f"Initial learn rate: {optimizer.learn_rate}") + "\n")
+        if ctx.active:
+            stdout.write(
+                msg.info(
+                    f"Data-parallel: {ctx.world_size} ranks ({ctx.backend}), gradients summed "
+                    f"over {len(entries)} parameters"
+                )
+                + "\n"
+            )
+        if resume is not None:
+            where = (
+                f"each rank replays its first {skip_batches} batches of the epoch unused"
+                if int(resume["world_size"]) == ctx.world_size
+                else f"each rank skips the first {skip_examples} examples of its share of the epoch"
+            )
+            stdout.write(
+                msg.info(
+                    f"Resuming at step {step}, epoch {epoch} (saved with "
+                    f"{resume['world_size']} rank(s), now {ctx.world_size}): {where}"
+                )
+                + "\n"
+            )
+        with nlp.select_pipes(disable=frozen):
+            log_step, finalize_logger = T["logger"](nlp, stdout, stderr)
+    else:
+        log_step, finalize_logger = (lambda info: None), (lambda: None)
+
+    losses: Dict[str, float] = {}
+    start_time = timer()
+    batch_iter = batches.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
+    if rank_resume is not None and int(resume["world_size"]) == ctx.world_size:  # type: ignore[index]
+        _set_rng_states(rank_resume["rng"])
+    steps_this_epoch = skip_batches + skip_examples
+    finished = False
+    try:
+        while True:
+            batch = next(batch_iter, None)
+            n_with_batch = ctx.all_reduce_sum([batch is not None])[0]
+            if n_with_batch == 0:
+                if steps_this_epoch == 0:
+                    raise ValueError(Errors.E986)
+                epoch += 1
+                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
+                    break
+                batch_iter = batches.epoch(epoch)
+                steps_this_epoch = 0
+                continue
+            steps_this_epoch += 1
+            if before_update:
+                before_update(nlp, {"step": step, "epoch": epoch})
+            dropout = next(dropouts)
+            step_losses: Dict[str, float] = {}
+            words = 0
+            if batch is not None:
+                for subbatch in subdivide_batch(batch, T["accumulate_gradient"]):
+                    lean_update(
+                        nlp,
+                        subbatch,
+                        drop=dropout,
+                        losses=step_losses,
+                        exclude=frozen,
+                        annotates=annotating,
+                        policy=policy,
+                    )
+                words = sum(len(eg) for eg in batch)
+            extras = [words]
+            extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
+            extras += [step_losses.get(name, 0.0) for name in loss_names]
+            summed = reducer.reduce(extras)
+            for name, proc in trainable:
+                proc.finish_update(optimizer)
+            optimizer.step_schedules()
+            done_step = step
+            words_seen += int(round(summed[0]))
+            n = len(loss_names)
+            for i, name in enumerate(loss_names):
+                if summed[1 + i] > 0:
+                    losses[name] = losses.get(name, 0.0) + float(summed[1 + n + i])
+            for name, value in step_losses.items():  # keys that are no pipe's name
+                if name not in loss_names:
+                    losses[name] = losses.get(name, 0.0) + value
+            if not (step % eval_frequency):
+                with nlp.use_params(optimizer.averages):
+                    score, other_scores = evaluate()
+                results.append((score, step))
+                is_best: Optional[bool] = score == max(results)[0]
+            else:
+                score, other_scores, is_best = None, None, None
+            seconds = seconds_before + timer() - start_time
+            info = {
+                "epoch": epoch,
+                "step": step,
+                "score": score,
+                "other_scores": other_scores,
+                "losses": losses,
+                "checkpoints": results,
+                "seconds": int(seconds),
+                "words": words_seen,
+            }
+            if is_best is not None:
+                if ctx.is_main and output_path is not None:
+                    with nlp.select_pipes(disable=frozen):
+                        update_meta(T, nlp, info)
+                    save_model(is_best)
+                    info["output_path"] = str(output_path / DIR_MODEL_LAST)
+                checkpoint(seconds)
+            log_step(info if is_best is not None else None)
+            if is_best is not None:
+                losses = {}
+            best_step = -max((s, -k) for s, k in results)[1]
+            if patience and (step - best_step) >= patience:
+                break
+            if max_steps and step >= max_steps:
+                break
+            step += 1
+        finished = True
+    except Exception as e:
+        if ctx.is_main and output_path is not None:
+            stdout.write(
+                msg.warn(f"Aborting and saving the final best model. Encountered exception: {e!r}")
+                + "\n"
+            )
+        raise
+    finally:
+        finalize_logger()
+        if ctx.is_main and output_path is not None:
+            save_model(False)
+    if finished and output_path is not None:
+        if not (results and results[-1][1] == done_step):  # not saved at this step yet
+            checkpoint(seconds_before + timer() - start_time)
+    if optimizer.averages:
+        nlp.use_params(optimizer.averages)
+    if output_path is not None:
+        if ctx.is_main:
+            stdout.write(msg.good("Saved pipeline to output directory", output_path / DIR_MODEL_LAST) + "\n")
+        return nlp, output_path / DIR_MODEL_LAST
+    return nlp, None
