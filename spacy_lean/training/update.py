@@ -489,9 +489,10 @@ def lean_update(
                 drop=drop, exclude=exclude, annotates=annotates, component_cfg=component_cfg,
             )
         except oom_errors as err:
-            failed = progress["group"]
+            # Empty docs ride along with the last micro-batch: they cannot be the cause.
+            failed = [i for i in progress["group"] if lengths[i] > 0] or progress["group"]
             policy.oom_errors += 1
-            if len(failed) == 1:
+            if len(failed) == 1 or lengths[failed[0]] == 0:
                 _undo(state, losses, saved_losses)
                 i = failed[0]
                 text = examples[i].predicted.text
@@ -516,11 +517,8 @@ def lean_update(
     policy.micro_batches += n_micro
     if n_micro > 1:
         policy.split_batches += 1
-        policy.oversize_docs += sum(
-            1 for g in groups
-            if len(g) == 1 and policy.max_padded_tokens is not None
-            and lengths[g[0]] > policy.max_padded_tokens
-        )
+    if policy.max_padded_tokens is not None:
+        policy.oversize_docs += sum(1 for n in lengths if n > policy.max_padded_tokens)
     if retried:
         policy.oom_splits += 1
         if policy.learn(padded, limit):
