@@ -176,7 +176,7 @@ def train(
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
             nlp = util.load_model_from_config(config, auto_fill=True)
-        nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config.cfg"])
+        nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config"])
         msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
     else:
         msg.divider("Initializing pipeline")
