@@ -103,7 +103,8 @@ def pipeline_config(transformer):
     }
     components["tagger"] = {
         "factory": "tagger",
-        "model": {"@architectures": "spacy.Tagger.v2", "nO": None, "tok2vec": copy.deepcopy(listener)},
+        "model": {"@architectures": "spacy.Tagger.v2", "nO": None,
+                  "tok2vec": copy.deepcopy(listener)},
     }
     components["oom_probe"] = {"factory": "lean_oom_probe", "limit": 0}
     config["training"].update({"dropout": 0.0, "max_steps": 4, "eval_frequency": 4})
@@ -184,7 +185,8 @@ def arrays(nlp, grads=False, labels=False):
                 if labels:
                     out.append((node.name, name))
                 elif grads:
-                    out.append(node.ops.to_numpy(node.get_grad(name)) if node.has_grad(name) else None)
+                    grad = node.get_grad(name) if node.has_grad(name) else None
+                    out.append(None if grad is None else node.ops.to_numpy(grad))
                 else:
                     out.append(node.ops.to_numpy(node.get_param(name)))
             for shim in node.shims:

@@ -419,7 +419,8 @@ def enable_gradient_checkpointing(nlp: Language) -> int:
         if not getattr(module, "supports_gradient_checkpointing", False):
             continue
         if not getattr(module, "is_gradient_checkpointing", False):
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         count += 1
     return count
 
