@@ -207,8 +207,23 @@ def test_every_entry_point_is_documented():
     assert not missing, f"registered in setup.cfg but named on no page of docs/: {missing}"
 
 
+def _charts():
+    """The committed charts (git's index), or every PNG when this is no git checkout: a chart
+    a benchmark is still drawing is not yet part of the documentation."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--", "benchmarks/results/*.png"],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        listed = None
+    if listed is not None and listed.returncode == 0:
+        return sorted(ROOT / line for line in listed.stdout.splitlines() if line.strip())
+    return sorted(RESULTS.glob("*.png"))
+
+
 def test_every_chart_is_shown():
-    charts = sorted(RESULTS.glob("*.png"))
+    charts = _charts()
     assert charts, "no charts in benchmarks/results"
     shown = set()
     for page in PAGES:
