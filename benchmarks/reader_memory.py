@@ -128,35 +128,42 @@ def file_worker(mode: str, path: Path) -> dict:
     base = _held()
     peak_ok = reset_peak()
     start = time.perf_counter()
-    n_docs = n_tokens = 0
     held = None
     if mode in ("file_docbin", "file_lean_reader"):
         reader = DocBin().from_disk(path) if mode == "file_docbin" else DocBinReader(path)
-        for doc in reader.get_docs(nlp.vocab):
-            n_docs += 1
-            n_tokens += len(doc)
+        n_docs, n_tokens = _count(reader.get_docs(nlp.vocab))
         seconds = time.perf_counter() - start
         held = _held() - base  # the reader still open, every doc dropped
         del reader
     elif mode in ("file_spacy_corpus", "file_lean_corpus"):
         corpus = Corpus(path) if mode == "file_spacy_corpus" else LeanCorpus(path)
-        for eg in corpus(nlp):
-            n_docs += 1
-            n_tokens += len(eg.reference)
+        n_docs, n_tokens = _count(eg.reference for eg in corpus(nlp))
         seconds = time.perf_counter() - start
     else:
         raise ValueError(mode)
     peak = proc_status("VmHWM") - base if peak_ok else None
+    out = {"mode": mode, "file_bytes": path.stat().st_size, "strings": len(nlp.vocab.strings)}
+    out.update(_figures(n_docs, n_tokens, seconds, held, peak))
+    out["held_mb"] = None if held is None else round(held / 2**20, 1)
+    return out
+
+
+def _count(docs) -> tuple:
+    """(docs, tokens) of an iterable of docs, consumed one at a time."""
+    n_docs = n_tokens = 0
+    for doc in docs:
+        n_docs += 1
+        n_tokens += len(doc)
+    return n_docs, n_tokens
+
+
+def _figures(n_docs: int, n_tokens: int, seconds: float, held, peak) -> dict:
     return {
-        "mode": mode,
-        "file_bytes": path.stat().st_size,
         "docs": n_docs,
         "tokens": n_tokens,
-        "strings": len(nlp.vocab.strings),
         "seconds": round(seconds, 2),
         "docs_per_second": round(n_docs / seconds, 1),
         "held_bytes_per_token": None if held is None else round(held / n_tokens, 1),
-        "held_mb": None if held is None else round(held / 2**20, 1),
         "peak_bytes_per_token": None if peak is None else round(peak / n_tokens, 1),
         "peak_mb": None if peak is None else round(peak / 2**20, 1),
     }
@@ -173,7 +180,6 @@ def worker(mode: str, path: Path) -> dict:
     peak_ok = reset_peak()
     out = {"mode": mode}
     start = time.perf_counter()
-    n_docs = n_tokens = 0
     if mode == "spacy_listed":
         examples = list(Corpus(path)(nlp))
         seconds = time.perf_counter() - start
@@ -182,9 +188,7 @@ def worker(mode: str, path: Path) -> dict:
         held = _held() - base
     elif mode in ("spacy_streamed", "lean_streaming"):
         corpus = Corpus(path) if mode == "spacy_streamed" else LeanCorpus(path)
-        for eg in corpus(nlp):
-            n_docs += 1
-            n_tokens += len(eg.reference)
+        n_docs, n_tokens = _count(eg.reference for eg in corpus(nlp))
         seconds = time.perf_counter() - start
         held = None
     elif mode == "lean_compact":
@@ -195,22 +199,12 @@ def worker(mode: str, path: Path) -> dict:
         held = _held() - base
         out["compact_bytes_per_token"] = round(corpus.compact_nbytes() / corpus.stats.tokens, 2)
         start = time.perf_counter()
-        for eg in corpus(nlp):  # second epoch: from memory
-            n_docs += 1
-            n_tokens += len(eg.reference)
+        n_docs, n_tokens = _count(eg.reference for eg in corpus(nlp))  # second epoch: memory
         seconds = time.perf_counter() - start
     else:
         raise ValueError(mode)
     peak = proc_status("VmHWM") - base if peak_ok else None
-    out.update(
-        docs=n_docs,
-        tokens=n_tokens,
-        seconds=round(seconds, 2),
-        docs_per_second=round(n_docs / seconds, 1),
-        held_bytes_per_token=None if held is None else round(held / n_tokens, 1),
-        peak_bytes_per_token=None if peak is None else round(peak / n_tokens, 1),
-        peak_mb=None if peak is None else round(peak / 2**20, 1),
-    )
+    out.update(_figures(n_docs, n_tokens, seconds, held, peak))
     return out
 
 
