@@ -345,7 +345,8 @@ def main() -> None:
     result["settings"] = settings
     if args.resume and out.exists():
         old = json.loads(out.read_text())
-        free = ("tiers", "variants", "eval_check_only")  # runs are keyed by variant
+        # Runs are keyed by variant; how many run at once and their niceness change no score.
+        free = ("tiers", "variants", "eval_check_only", "jobs", "nice")
         same = {k: v for k, v in old["settings"].items() if k not in free}
         if same == {k: v for k, v in settings.items() if k not in free}:
             result["runs"] = [r for r in old["runs"] if r["variant"] in names and "error" not in r]
