@@ -326,6 +326,7 @@ def main() -> None:
         variant_config(name).to_disk(work / f"{name}.cfg", interpolate=False)
     result: Dict[str, Any] = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "summary": {},  # first, so benchmarks/plot.py draws it
         "variants": {n: VARIANTS[n] for n in names},
         "corpus": json.loads((paths["train"].parent / "stats.json").read_text()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
