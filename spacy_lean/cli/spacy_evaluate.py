@@ -49,7 +49,9 @@ class StreamingDevCorpus:
         displaCy); None: the command needs them all, so nothing streams.
     """
 
-    def __init__(self, path: Union[str, Path], *, gold_preproc: bool = False, keep: Optional[int] = 0):
+    def __init__(
+        self, path: Union[str, Path], *, gold_preproc: bool = False, keep: Optional[int] = 0
+    ):
         self.path = path
         self.gold_preproc = gold_preproc
         self.keep = keep
