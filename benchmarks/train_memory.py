@@ -18,12 +18,10 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,6 +237,11 @@ def save(args, words, runs):
             "python": platform.python_version(),
             "gpu": None,
             "loadavg_end": os.getloadavg(),
+        },
+        # One entry per run, for benchmarks/plot.py.
+        "by_run": {
+            r["name"]: {"peak_rss_mb": r["peak_rss_mb"], "words_per_s": r["words_per_s"]}
+            for r in runs
         },
         "runs": runs,
         "summary": summarize(runs),
