@@ -413,7 +413,7 @@ def _warn_oom(failed: int, new: int) -> None:
 
 def evaluate(
     nlp: Language,
-    examples: Iterable[Example],
+    examples: Union[Iterable[Example], str, Path],
     *,
     batch_size: Optional[int] = None,
     scorer: Optional[Scorer] = None,
@@ -430,7 +430,9 @@ def evaluate(
     The caller's examples are not modified.
 
     nlp (Language): the pipeline.
-    examples (Iterable[Example]): gold examples (a list, a generator, a corpus...).
+    examples (Iterable[Example] / str / Path): gold examples (a list, a generator, a
+        corpus...), or the path of a .spacy/.jsonl file or a folder of them, read in
+        bounded memory by `spacy_lean.corpus.read_examples` as `spacy evaluate` reads it.
     batch_size (Optional[int]): docs per batch; defaults to `nlp.batch_size`.
     scorer (Optional[Scorer]): as in `Language.evaluate`.
     component_cfg (Optional[dict]): extra keyword arguments per component.
@@ -453,6 +455,10 @@ def evaluate(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
     )
+    if isinstance(examples, (str, Path)):
+        from .corpus.sources import list_shards, read_examples
+
+        examples = read_examples(nlp, list_shards(examples))
     return evaluator.run(examples).result()
 
 

@@ -71,6 +71,20 @@ def test_parity_per_component_and_generator(trf_ner_nlp, gold_docs):
     assert list(ours)[-1] == "speed"
 
 
+@pytest.mark.parametrize("as_str", [True, False])
+def test_a_path_is_read_like_spacy_evaluate(trf_ner_nlp, gold_docs, tmp_path, as_str):
+    from spacy.tokens import DocBin
+    from spacy.training import Corpus
+
+    nlp = add_ruler(trf_ner_nlp)
+    path = tmp_path / "dev.spacy"
+    DocBin(docs=gold_docs).to_disk(path)
+    expected = nlp.evaluate(list(Corpus(path)(nlp)), batch_size=4)
+    assert 0 < expected["ents_f"] < 1
+    ours = evaluate(nlp, str(path) if as_str else tmp_path, batch_size=4)
+    assert_same_scores(ours, expected)
+
+
 def test_parity_with_scorer_cfg_and_scorer(trf_ner_nlp, gold_docs):
     from spacy.scorer import Scorer
 
