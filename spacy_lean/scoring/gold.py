@@ -80,7 +80,7 @@ def make_scoring_doc(nlp: Language, rng: random.Random, *, missing: bool = True)
     """A doc of 1-4 sentences with tags, POS, morphs, lemmas, a full parse,
     entities (with KB ids), doc.cats for both textcat kinds and a span group.
     With `missing`, some annotation is left out as real corpora do (never the
-    parse: see spaCy's `score_deps` bug in the README)."""
+    parse: see spaCy's `score_deps` bug in docs/scoring.md)."""
     words, tags, pos, morphs, lemmas, heads, deps = [], [], [], [], [], [], []
     ents, spans = [], []
     for _ in range(rng.choice([1, 1, 2, 3, 4])):

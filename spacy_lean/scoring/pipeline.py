@@ -287,7 +287,7 @@ class PipelineScoreState:
                 "for this component until scoring (memory grows with the dev set). "
                 "Register one with spacy_lean.scoring.register_twin('<@scorers name>', "
                 "make_state) or the 'spacy_lean_scoring_twins' entry-point group; see "
-                "the README (Scores that merge: Custom scorers).",
+                "docs/scoring.md (Custom scorers).",
                 UserWarning,
                 stacklevel=5,
             )
