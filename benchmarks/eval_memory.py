@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _devsets import write_tiled  # noqa: E402
 from _procmem import proc_status, reset_peak  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "eval_memory.json"
@@ -102,28 +102,13 @@ def build_model(work: Path, kind: str, seed: int = 0) -> Path:
 def build_data(work: Path, n_base: int, sizes: List[int], seed: int = 2) -> Dict[str, Dict[int, Path]]:
     """Each size as one .spacy file and as a folder of shards of SHARD_DOCS docs."""
     import spacy
-    from spacy.tokens import DocBin
 
     from spacy_lean.synthetic_news import corpus_stats, make_news_docs
 
     base = make_news_docs(spacy.blank("en"), n_base, seed=seed)
     (work / f"data_stats_base{n_base}.json").write_text(json.dumps(corpus_stats(base)))
-    out: Dict[str, Dict[int, Path]] = {"file": {}, "shards": {}}
-    for size in sizes:
-        docs = [base[i % len(base)] for i in range(size)]
-        single = work / f"dev_{size}_base{n_base}.spacy"
-        if not single.exists():
-            DocBin(docs=docs).to_disk(single)
-        folder = work / f"dev_{size}_base{n_base}_shards"
-        if not folder.exists():
-            tmp = folder.with_name(folder.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            for k in range(0, size, SHARD_DOCS):
-                DocBin(docs=docs[k : k + SHARD_DOCS]).to_disk(tmp / f"{k // SHARD_DOCS:05d}.spacy")
-            tmp.rename(folder)
-        out["file"][size], out["shards"][size] = single, folder
-    return out
+    tiled = write_tiled(base, sizes, work, f"base{n_base}", SHARD_DOCS)
+    return {layout: {size: tiled[size][layout] for size in sizes} for layout in ("file", "shards")}
 
 
 # ---------------------------------------------------------------------------------

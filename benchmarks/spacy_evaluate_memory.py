@@ -48,7 +48,6 @@ def build_assets(work: Path, sizes: Sequence[int], layers: int, width: int, seed
     """The two pipelines (with and without the callback) and the dev sets: for each
     size, one .spacy file and one folder of shards."""
     import spacy
-    from spacy.tokens import DocBin
 
     from spacy_lean import synthetic, synthetic_news
     from spacy_lean.streaming import CALLBACK_NAME
@@ -67,18 +66,10 @@ def build_assets(work: Path, sizes: Sequence[int], layers: int, width: int, seed
         trained.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME}
         trained.to_disk(models["streaming"])
     base = synthetic_news.make_news_docs(spacy.blank("en"), min(sizes), seed=seed + 2)
-    data = {}
-    for size in sizes:
-        docs = [base[i % len(base)] for i in range(size)]
-        single = work / f"dev_{size}_seed{seed}.spacy"
-        if not single.exists():
-            DocBin(docs=docs).to_disk(single)
-        shards = work / f"dev_{size}_seed{seed}_shards"
-        if not shards.exists():
-            shards.mkdir()
-            for k in range(0, size, SHARD_DOCS):
-                DocBin(docs=docs[k:k + SHARD_DOCS]).to_disk(shards / f"{k // SHARD_DOCS:05d}.spacy")
-        data[size] = {"file": single, "shards": shards}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _devsets import write_tiled
+
+    data = write_tiled(base, sizes, work, f"seed{seed}", SHARD_DOCS)
     n_tokens = {size: sum(len(base[i % len(base)]) for i in range(size)) for size in sizes}
     return models, data, n_tokens
 
