@@ -53,6 +53,10 @@ VARIANTS: Dict[str, str] = {
     "lean": "configs/ner_trf.cfg as it is",
     "lean_size_0.75": "configs/ner_trf.cfg with batcher size 0.75 x --batch-size: about as "
     "many real tokens per step as stock",
+    "lean_update": "configs/ner_trf.cfg with the spacy-lean.lean_training.v1 callback "
+    "(exact_parser_gradient on, no ceiling: what it changes is the ner weight gradient)",
+    "lean_update_spacy_grad": "configs/ner_trf.cfg with spacy-lean.lean_training.v1, "
+    "exact_parser_gradient off (should train as 'lean')",
 }
 # Batcher size of a variant, as a share of --batch-size.
 SIZE_SHARE = {"lean_size_0.75": 0.75}
@@ -86,6 +90,11 @@ def variant_config(name: str):
     elif name == "lean_cleaner":
         cfg["nlp"]["pipeline"] = list(cfg["nlp"]["pipeline"]) + ["lean_cleaner"]
         cfg["components"]["lean_cleaner"] = copy.deepcopy(lean["components"]["lean_cleaner"])
+    if name.startswith("lean_update"):
+        cfg["nlp"]["after_pipeline_creation"] = {
+            "@callbacks": "spacy-lean.lean_training.v1",
+            "exact_parser_gradient": name == "lean_update",
+        }
     if name.endswith("per_batch_cap"):
         cfg["training"]["batcher"]["padding_scope"] = "batch"
     return cfg

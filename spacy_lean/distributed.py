@@ -38,6 +38,7 @@ class WorkerSettings:
     gold_preproc: bool = False
     batch_size: Optional[int] = None
     window_size: Optional[int] = None
+    max_batch_tokens: Optional[int] = None
     per_component: bool = False
     scorer_cfg: Optional[Dict[str, Any]] = None
     code_path: Optional[str] = None
@@ -122,6 +123,7 @@ def evaluate_unit(
         nlp,
         batch_size=settings.batch_size,
         window_size=settings.window_size,
+        max_batch_tokens=settings.max_batch_tokens,
         per_component=settings.per_component,
         scorer_cfg=settings.scorer_cfg,
         on_oom=lambda failed, new: oom_events.append((failed, new)),
@@ -341,6 +343,7 @@ def evaluate_distributed(
     gold_preproc: bool = False,
     batch_size: Optional[int] = None,
     window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
     per_component: bool = False,
     scorer_cfg: Optional[Dict[str, Any]] = None,
     code_path: Optional[Union[str, Path]] = None,
@@ -358,6 +361,8 @@ def evaluate_distributed(
         must be able to read them (on a cluster: a shared file system).
     workers (int): processes or Ray actors.
     backend (str): "processes" or "ray".
+    max_batch_tokens (Optional[int]): each worker's memory budget per batch in padded
+        tokens (docs x longest doc); default the transformer's max_batch_items, else 4096.
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     import spacy
@@ -376,6 +381,7 @@ def evaluate_distributed(
         gold_preproc=gold_preproc,
         batch_size=batch_size,
         window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
         per_component=per_component,
         scorer_cfg=scorer_cfg,
         code_path=str(code_path) if code_path else None,

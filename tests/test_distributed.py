@@ -5,12 +5,21 @@ import functools
 import pytest
 import spacy
 import srsly
+from spacy.language import Language
+from spacy.util import minibatch
 from typer.testing import CliRunner
 
 import spacy_lean.cli  # noqa: F401
 from spacy_lean import synthetic
 from spacy_lean._compat import has_ray
-from spacy_lean.distributed import EvalUnit, WorkerDiedError, evaluate_distributed, make_units
+from spacy_lean.distributed import (
+    EvalUnit,
+    WorkerDiedError,
+    WorkerSettings,
+    evaluate_distributed,
+    evaluate_unit,
+    make_units,
+)
 from spacy_lean.corpus.sources import list_shards, read_examples
 from spacy_lean.streaming import evaluate
 
@@ -151,3 +160,53 @@ def test_ray_local_cluster_equals_one_process(model_dir, code_file, ner_corpus, 
         ray.shutdown()
     assert retries and "Ray worker died" in retries[0][1]
     assert_same_scores(ours, expected)
+
+
+# Records the padded size (docs x longest doc) of every batch a pipeline runs.
+PADDED_SIZES = []
+
+
+@Language.factory("test_record_padded")
+def make_record_padded(nlp, name):
+    return _RecordPadded()
+
+
+class _RecordPadded:
+    def __call__(self, doc):
+        PADDED_SIZES.append(len(doc))
+        return doc
+
+    def pipe(self, docs, batch_size=128):
+        for batch in minibatch(docs, batch_size):
+            PADDED_SIZES.append(len(batch) * max(len(d) for d in batch))
+            yield from batch
+
+
+@pytest.mark.parametrize("budget", [None, 60])
+def test_worker_keeps_to_the_token_budget(model_dir, shard_dir, tmp_path, budget):
+    """A worker builds its evaluator with the budget it is given (processes and Ray
+    workers run `evaluate_unit`), and scores the same with any budget."""
+    nlp = spacy.load(model_dir)
+    nlp.add_pipe("test_record_padded")
+    path = tmp_path / "model"
+    nlp.to_disk(path)
+    shard = list_shards(shard_dir)[0]
+    longest = max(len(eg.reference) for eg in read_examples(nlp, [shard]))
+    PADDED_SIZES.clear()
+    result = evaluate_unit(EvalUnit(0, shard), WorkerSettings(model=str(path), max_batch_tokens=budget))
+    assert result.n_examples == 6 and PADDED_SIZES
+    if budget is None:
+        assert max(PADDED_SIZES) > 60  # the default budget lets batches grow past 60
+    else:
+        assert all(size <= max(budget, longest) for size in PADDED_SIZES)
+        assert longest <= budget or max(PADDED_SIZES) == longest
+
+
+def test_cli_passes_the_token_budget_to_workers(model_dir, shard_dir, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "--no-progress"]
+    result = CliRunner().invoke(app, args + ["--max-batch-tokens", "100", "--workers", "2", "-o", str(a)])
+    assert result.exit_code == 0, result.output
+    assert "Memory budget per worker: batches of at most 100 padded tokens" in result.output
+    assert CliRunner().invoke(app, args + ["-o", str(b)]).exit_code == 0
+    assert_same_scores(srsly.read_json(a), srsly.read_json(b))

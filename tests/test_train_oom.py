@@ -473,3 +473,15 @@ def test_spacy_train_survives_oom(tmp_path, tiny_transformer, pipeline_dir):
     assert (saved / "config.cfg").exists()
     saved_config = Config().from_disk(saved / "config.cfg", interpolate=False)
     assert saved_config["nlp"]["after_pipeline_creation"] is None
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_callback_settings_reach_the_policy(pipeline_dir, exact):
+    """The `[nlp.after_pipeline_creation]` callback's settings are the policy's."""
+    from spacy.util import registry
+
+    make = registry.callbacks.get(CALLBACK_NAME)
+    nlp = spacy.load(pipeline_dir)
+    make(max_padded_tokens=300, gradient_checkpointing=False, exact_parser_gradient=exact)(nlp)
+    policy = get_update_policy(nlp)
+    assert policy.max_padded_tokens == 300 and policy.exact_parser_gradient is exact

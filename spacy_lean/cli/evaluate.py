@@ -127,13 +127,6 @@ def evaluate_streaming_cli(
             msg.fail(f"{name} must be >= {low}, got {value}.", exits=1)
     if backend not in BACKENDS:
         msg.fail(f"Unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}.", exits=1)
-    if max_batch_tokens is not None and not (workers == 1 and backend == "processes"):
-        msg.fail(
-            "--max-batch-tokens is not passed on to --workers or --backend ray yet",
-            "Each worker uses the pipeline's default budget (printed below when you leave "
-            "the option out). Leave --max-batch-tokens out, or evaluate in one process.",
-            exits=1,
-        )
     if backend == "ray" and workers == 1:
         msg.info("--backend ray with --workers 1: one Ray actor")
     try:
@@ -175,7 +168,8 @@ def evaluate_streaming_cli(
                 model, nlp, shards, state, ckpt, resumed,
                 workers=workers, backend=backend, gpu_ids=gpu_ids, ray_address=ray_address,
                 max_retries=max_retries, code_path=code_path, gold_preproc=gold_preproc,
-                batch_size=batch_size, window_size=window_size, per_component=per_component,
+                batch_size=batch_size, window_size=window_size,
+                max_batch_tokens=max_batch_tokens, per_component=per_component,
                 progress=progress,
             )
     except CorruptShardError as e:
@@ -354,7 +348,8 @@ def _run_single(
 
 def _run_workers(
     model, nlp, shards, state, ckpt, resumed, *, workers, backend, gpu_ids, ray_address,
-    max_retries, code_path, gold_preproc, batch_size, window_size, per_component, progress,
+    max_retries, code_path, gold_preproc, batch_size, window_size, max_batch_tokens,
+    per_component, progress,
 ):
     import os
 
@@ -371,7 +366,8 @@ def _run_workers(
     from ..streaming import resolve_max_batch_tokens
 
     msg.info(
-        f"Memory budget per worker: batches of at most {resolve_max_batch_tokens(nlp):,} "
+        f"Memory budget per worker: batches of at most "
+        f"{resolve_max_batch_tokens(nlp, max_batch_tokens):,} "
         "padded tokens (docs x longest doc)"
     )
     n_workers = min(workers, len(todo)) if todo else 0
@@ -380,7 +376,8 @@ def _run_workers(
         msg.info(f"Evaluating {len(todo)} shard(s) on {n_workers} {backend} worker(s), {where}")
     settings = WorkerSettings(
         model=str(model), gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
-        per_component=per_component, code_path=str(code_path) if code_path else None,
+        max_batch_tokens=max_batch_tokens, per_component=per_component,
+        code_path=str(code_path) if code_path else None,
         num_threads=max(1, (os.cpu_count() or 1) // max(1, n_workers)),
     )
     bar = _progress_bar(progress, "doc")

@@ -89,6 +89,7 @@ def make_lean_training_v1(
     gradient_checkpointing: bool = False,
     streaming_evaluate: bool = True,
     eval_window_size: Optional[int] = None,
+    exact_parser_gradient: bool = True,
 ) -> Callable[[Language], Language]:
     """An `[nlp.after_pipeline_creation]` callback for `spacy train`: batches that
     run out of GPU memory are updated in micro-batches (the same update), an optional
@@ -107,6 +108,8 @@ def make_lean_training_v1(
         backward pass instead of keeping them.
     streaming_evaluate (bool): also make `nlp.evaluate` streaming.
     eval_window_size (Optional[int]): its read-ahead window (see `spacy_lean.evaluate`).
+    exact_parser_gradient (bool): drop the batch-dependent term spaCy 3.8's ner/parser
+        lower layer adds to its weight gradient, so split batches give the same update.
     RETURNS (Callable[[Language], Language]): the callback.
     """
     # Validate the settings when the config is resolved, not at the first batch.
@@ -117,6 +120,7 @@ def make_lean_training_v1(
             max_padded_tokens=max_padded_tokens,
             wordpiece_tokenizer=wordpiece_tokenizer,
             gradient_checkpointing=gradient_checkpointing,
+            exact_parser_gradient=exact_parser_gradient,
         )
         install_lean_update(nlp, policy)
         if streaming_evaluate:
