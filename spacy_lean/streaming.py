@@ -8,8 +8,10 @@ activations, whatever the size of the dev set. The same loop backs the
 `[nlp.after_pipeline_creation]` callback (so `spacy train` and `spacy evaluate` stream),
 the `spacy lean evaluate` command, its checkpoints and its workers.
 """
+import contextlib
 import itertools
 import os
+import random
 import types
 import warnings
 from pathlib import Path
@@ -188,6 +190,25 @@ def check_max_batch_tokens(value: Any) -> int:
     return value
 
 
+@contextlib.contextmanager
+def _global_rng_untouched() -> Iterator[None]:
+    """Leave Python's and numpy's global random states as they were found.
+
+    spacy-transformers draws `random.random()` on every forward pass
+    (`maybe_flush_pytorch_cache`), so an evaluation during `spacy train` would shift
+    every later shuffle of the training data by how many batches it happened to
+    run: training would depend on the dev set's size and batching. With the states
+    restored, the dev evaluation never changes what is trained.
+    """
+    py_state = random.getstate()
+    np_state = numpy.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        numpy.random.set_state(np_state)
+
+
 class StreamingEvaluator:
     """Evaluates a pipeline over a stream of examples in bounded memory.
 
@@ -288,9 +309,16 @@ class StreamingEvaluator:
             (resuming from a checkpoint); they are read and dropped, not piped.
         on_window (Optional[Callable]): called with the evaluator after each window.
         RETURNS (PipelineScoreState): the updated state.
+
+        Python's and numpy's global random states are left as they were found, so an
+        evaluation during training never changes what is trained afterwards.
         """
         if not isinstance(examples, Iterable):
             raise TypeError(Errors.E978.format(name="Language.evaluate", types=type(examples)))
+        with _global_rng_untouched():
+            return self._run(examples, skip, on_window)
+
+    def _run(self, examples, skip, on_window):
         stream = iter(examples)
         if skip:
             skipped = sum(1 for _ in itertools.islice(stream, skip))

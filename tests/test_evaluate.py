@@ -436,3 +436,22 @@ def test_parity_on_gpu(trf_ner_dir, gold_docs):
         assert_same_scores(ours, expected)
     finally:
         use_ops("numpy")
+
+
+def test_evaluation_leaves_the_global_random_state_alone(trf_ner_nlp, gold_docs):
+    """spacy-transformers draws from `random` on every forward pass, so stock
+    `nlp.evaluate` moves the global state by its number of batches (and with it every
+    later training shuffle); the streaming evaluation leaves it where it was."""
+    import random
+
+    import numpy
+
+    random.seed(3)
+    numpy.random.seed(3)
+    trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=2)
+    assert random.random() != random.Random(3).random()  # stock moved it
+    random.seed(3)
+    numpy.random.seed(3)
+    evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs), batch_size=2)
+    assert random.random() == random.Random(3).random()
+    assert numpy.random.random() == numpy.random.RandomState(3).random_sample()
