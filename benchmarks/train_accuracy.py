@@ -359,8 +359,14 @@ def main() -> None:
         free = ("tiers", "variants", "eval_check_only", "jobs", "nice")
         same = {k: v for k, v in old["settings"].items() if k not in free}
         if same == {k: v for k, v in settings.items() if k not in free}:
-            result["runs"] = [r for r in old["runs"] if r["variant"] in names and "error" not in r]
-            result["steps"] = {k: v for k, v in old.get("steps", {}).items() if k in names}
+            # Runs of variants not asked for this time stay in the results (and the table).
+            result["runs"] = [r for r in old["runs"] if r["variant"] in VARIANTS and "error" not in r]
+            result["steps"] = {k: v for k, v in old.get("steps", {}).items() if k in VARIANTS}
+            kept = [n for n in VARIANTS if n not in names
+                    and any(r["variant"] == n for r in result["runs"])]
+            names[:0] = [n for n in ("stock",) if n in kept]
+            names += [n for n in kept if n != "stock"]
+            result["variants"] = {n: VARIANTS[n] for n in names}
     for name in names:
         if name not in result["steps"]:
             result["steps"][name] = step_stats(name, args, paths)

@@ -63,17 +63,21 @@ json.dump({"rc": proc.returncode, "wall_s": time.perf_counter() - start,
 
 
 def make_data(root: Path, n_train: int, n_dev: int, factors, dev_factors, seed: int = 0):
-    """One corpus: the 1x train set repeated 4x/16x would be too easy on memory
-    accounting of strings, so each size is generated (same generator, more docs)."""
-    from spacy_lean import synthetic
+    """One news-like corpus (`spacy_lean.synthetic_news`: documents of 100-400 tokens
+    with a long tail, four entity types): each size is generated (same generator, more
+    docs), one .spacy file per size, as a user hands `spacy train` one big file."""
+    import spacy
+    from spacy.tokens import DocBin
 
+    from spacy_lean.synthetic_news import make_news_docs
+
+    nlp = spacy.blank("en")
     paths = {}
-    for f in factors:
-        paths[f"train{f}"] = synthetic.write_ner_corpus(
-            root / f"train{f}.spacy", n_train * f, seed=100 + seed
-        )
-    for f in dev_factors:
-        paths[f"dev{f}"] = synthetic.write_ner_corpus(root / f"dev{f}.spacy", n_dev * f, seed=200 + seed)
+    for key, n, base in [(f"train{f}", n_train * f, 100) for f in factors] + [
+        (f"dev{f}", n_dev * f, 200) for f in dev_factors
+    ]:
+        paths[key] = root / f"{key}.spacy"
+        DocBin(docs=make_news_docs(nlp, n, seed=base + seed)).to_disk(paths[key])
     return paths
 
 
@@ -83,6 +87,13 @@ def words_in(path: Path) -> int:
 
     nlp = spacy.blank("en")
     return sum(len(d) for d in DocBin().from_disk(path).get_docs(nlp.vocab))
+
+
+def _texts(path: Path):
+    import spacy
+    from spacy.tokens import DocBin
+
+    return [d.text for d in DocBin().from_disk(path).get_docs(spacy.blank("en").vocab)]
 
 
 def bench_config(src: Path, dst: Path, log_path: Path) -> Path:
@@ -192,9 +203,9 @@ def summarize(runs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 seed")
-    parser.add_argument("--n-train", type=int, default=60, help="docs in the 1x training set")
+    parser.add_argument("--n-train", type=int, default=100, help="docs in the 1x training set")
     parser.add_argument("--n-dev", type=int, default=30, help="docs in the 1x dev set")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -202,7 +213,7 @@ def main():
     args = parser.parse_args()
     factors, dev_factors = (1, 4, 16), (1, 8)
     if args.quick:
-        args.n_train, args.n_dev, args.steps, args.seeds = 10, 6, 4, 1
+        args.n_train, args.n_dev, args.steps, args.seeds = 6, 4, 4, 1
     from spacy_lean import synthetic
 
     runs = []
@@ -214,7 +225,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp_name:
         tmp = Path(tmp_name)
         data = make_data(tmp, args.n_train, args.n_dev, factors, dev_factors)
-        data["transformer"] = synthetic.make_tiny_transformer(tmp / "tiny_bert", hidden_size=64)
+        data["transformer"] = synthetic.make_tiny_transformer(
+            tmp / "tiny_bert", _texts(data["train1"]), vocab_size=1000, hidden_size=64,
+            num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        )
         words = {k: words_in(v) for k, v in data.items() if k != "transformer"}
         for train_key, dev_key, seed, nproc in plan:
             kinds = ("stock", "lean") if nproc == 1 else ("lean",)

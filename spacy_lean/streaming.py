@@ -33,6 +33,7 @@ from ._compat import has_cupy, has_torch
 # Data is read by spacy_lean.corpus.sources; its error stays importable from here.
 from .corpus.sources import CorruptShardError  # noqa: F401
 from .memory import empty_gpu_caches, trim_host_memory
+from .trf_batching import sorted_span_groups
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
 STRIP_CALLBACK_NAME = "spacy-lean.strip_streaming_evaluate.v1"
@@ -237,6 +238,7 @@ class StreamingEvaluator:
         on_oom: Optional[Callable[[int, int], None]] = None,
         trim_heap: bool = True,
         copy_examples: bool = True,
+        sort_spans: bool = True,
     ):
         """Initialise the evaluator.
 
@@ -262,6 +264,9 @@ class StreamingEvaluator:
             does, so the caller's examples are left untouched. False saves a copy per
             doc where the examples belong to the evaluator alone (as those made by
             `read_examples`); their predicted docs are then replaced.
+        sort_spans (bool): run each spacy-transformers batch's spans in length-sorted
+            groups (`spacy_lean.trf_batching.sorted_span_groups`): the same predictions
+            with much less wordpiece padding computed.
         """
         if batch_size is None:
             batch_size = nlp.batch_size
@@ -289,6 +294,7 @@ class StreamingEvaluator:
         self.on_oom = on_oom if on_oom is not None else _warn_oom
         self.trim_heap = trim_heap
         self.copy_examples = copy_examples
+        self.sort_spans = sort_spans
         self._oom_types = cuda_oom_errors()
         self.n_examples = 0  # examples consumed from the stream, skipped ones included
         self.n_batches = 0
@@ -315,7 +321,8 @@ class StreamingEvaluator:
         """
         if not isinstance(examples, Iterable):
             raise TypeError(Errors.E978.format(name="Language.evaluate", types=type(examples)))
-        with _global_rng_untouched():
+        groups = sorted_span_groups(self.nlp) if self.sort_spans else contextlib.nullcontext()
+        with _global_rng_untouched(), groups:
             return self._run(examples, skip, on_window)
 
     def _run(self, examples, skip, on_window):
@@ -450,6 +457,7 @@ def evaluate(
     per_component: bool = False,
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
+    sort_spans: bool = True,
 ) -> Dict[str, Any]:
     """Evaluate a pipeline like `Language.evaluate`, streaming.
 
@@ -471,6 +479,8 @@ def evaluate(
     max_batch_tokens (Optional[int]): the memory budget of a batch in padded tokens
         (docs x the longest doc's tokens); the window holds at most as many tokens as
         its batches. Defaults to the transformer's `max_batch_items`, else 4096.
+    sort_spans (bool): run the transformer's spans in length-sorted groups (the same
+        predictions, less padding computed; see `spacy_lean.trf_batching`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     evaluator = StreamingEvaluator(
@@ -482,6 +492,7 @@ def evaluate(
         per_component=per_component,
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
+        sort_spans=sort_spans,
     )
     if isinstance(examples, (str, Path)):
         from .corpus.sources import list_shards, read_examples

@@ -1,0 +1,173 @@
+"""Run a spacy-transformers model's spans in length-sorted groups when predicting.
+
+spacy-transformers cuts each doc into spans (strided windows of spaCy tokens), turns
+every span of a batch into wordpieces and runs them through the Hugging Face model as
+one tensor padded to the batch's longest span. The spans of a window have ragged
+wordpiece lengths (a doc's last window is short, and words split into more or fewer
+pieces), so a large share of what the model computes is padding: 20-35% on the news-like
+benchmark data, whatever order the docs come in (sorting docs by length does not sort
+their spans).
+
+`sorted_span_groups(nlp)` is a context manager that, while it is active, replaces the
+forward pass of the Hugging Face layer of every spacy-transformers `Transformer` in the
+pipeline, in prediction only (`is_train=False`): the batch's rows are sorted by their
+real length, cut into groups whose own padding stays under `max_padding`, each group
+run trimmed to its own longest row, and the outputs put back in the original row order
+at the original padded width (positions past a row's length are zeros instead of the
+model's values for padding, which nothing reads: the alignment only points at real
+wordpieces). What the listeners and `doc._.trf_data` see for real wordpieces is what
+the model computes for them; the only difference is float rounding from tensors of
+other shapes (below 1e-5 in the tests). Training is never changed.
+"""
+import contextlib
+from typing import Any, Iterator, List, Sequence, Set
+
+import numpy
+from spacy.language import Language
+
+__all__ = ["sorted_span_groups", "plan_groups", "DEFAULT_MAX_PADDING"]
+
+DEFAULT_MAX_PADDING = 0.1
+# ids of the layers whose forward is replaced now (nested use changes nothing twice).
+_ACTIVE: Set[int] = set()
+
+
+def plan_groups(lengths: Sequence[int], max_padding: float = DEFAULT_MAX_PADDING) -> List[List[int]]:
+    """Cut rows into groups, longest first, so that each group's padded size (rows x
+    its longest row) wastes at most `max_padding` of it (a group is never empty; one
+    row alone wastes nothing).
+
+    lengths (Sequence[int]): the real length of each row.
+    max_padding (float): the largest padding fraction allowed within a group.
+    RETURNS (List[List[int]]): row indices per group.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    groups: List[List[int]] = []
+    group: List[int] = []
+    longest = total = 0
+    for i in order:
+        n = int(lengths[i])
+        if group and (len(group) + 1) * longest - (total + n) > max_padding * (len(group) + 1) * longest:
+            groups.append(group)
+            group, total = [], 0
+        if not group:
+            longest = n
+        group.append(i)
+        total += n
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _hf_layers(nlp: Language) -> List[Any]:
+    """The Hugging Face layer of each spacy-transformers Transformer in the pipeline."""
+    try:
+        from spacy_transformers import Transformer
+    except ImportError:  # pragma: no cover - spacy-transformers is a dependency
+        return []
+    layers = []
+    for _, proc in nlp.pipeline:
+        if isinstance(proc, Transformer) and proc.model.layers:
+            layers.append(proc.model.layers[0])
+    return layers
+
+
+def _take(wps: Any, rows: numpy.ndarray, width: int) -> Any:
+    from spacy_transformers.data_classes import WordpieceBatch
+
+    xp_rows = rows if isinstance(wps.input_ids, numpy.ndarray) else _to_xp(wps.input_ids, rows)
+    return WordpieceBatch(
+        strings=[wps.strings[i] for i in rows.tolist()],
+        input_ids=wps.input_ids[xp_rows, :width],
+        attention_mask=wps.attention_mask[xp_rows, :width],
+        lengths=[wps.lengths[i] for i in rows.tolist()],
+        token_type_ids=(
+            wps.token_type_ids[xp_rows, :width] if wps.token_type_ids is not None else None
+        ),
+    )
+
+
+def _to_xp(like: Any, rows: numpy.ndarray) -> Any:
+    import cupy  # only reached when the wordpieces live on a GPU
+
+    return cupy.asarray(rows)
+
+
+@contextlib.contextmanager
+def sorted_span_groups(nlp: Language, max_padding: float = DEFAULT_MAX_PADDING) -> Iterator[int]:
+    """While active, every spacy-transformers Transformer of `nlp` predicts its
+    batches' spans in length-sorted groups (see the module's docstring).
+
+    nlp (Language): the pipeline.
+    max_padding (float): the largest padding fraction within a group.
+    YIELDS (int): how many transformer layers were changed (0: nothing to do).
+    """
+    if not 0.0 <= max_padding < 1.0:
+        raise ValueError(f"max_padding must be in [0, 1), got {max_padding!r}.")
+    layers = [layer for layer in _hf_layers(nlp) if id(layer) not in _ACTIVE]
+    originals = []
+    for layer in layers:
+        originals.append(layer._func)
+        layer._func = _sorted_forward(layer._func, max_padding)
+        _ACTIVE.add(id(layer))
+    try:
+        yield len(layers)
+    finally:
+        for layer, func in zip(layers, originals):
+            layer._func = func
+            _ACTIVE.discard(id(layer))
+
+
+def _sorted_forward(forward, max_padding: float):
+    def sorted_forward(model, wps, is_train):
+        if is_train or len(wps) < 2:
+            return forward(model, wps, is_train)
+        mask = wps.attention_mask
+        real = [int(x) for x in (mask.sum(axis=1).tolist() if hasattr(mask, "sum") else wps.lengths)]
+        width = int(wps.input_ids.shape[1])
+        groups = plan_groups(real, max_padding)
+        if len(groups) == 1:
+            return forward(model, wps, is_train)
+        rows = [numpy.asarray(g, dtype="int64") for g in groups]
+        outputs = []
+        for g in rows:
+            w = max(real[i] for i in g.tolist())
+            out, _ = forward(model, _take(wps, g, w), is_train)
+            outputs.append((out, w))
+        return _combine(outputs, rows, len(wps), width), _no_backprop
+
+    return sorted_forward
+
+
+def _combine(outputs, rows: List[numpy.ndarray], n_rows: int, width: int) -> Any:
+    """One model output with every group's tensors back at their rows."""
+    import torch
+
+    first = outputs[0][0]
+    fields = {}
+    for key in first.keys():
+        values = [out[key] for out, _ in outputs]
+        fields[key] = _merge(values, [w for _, w in outputs], rows, n_rows, width, torch)
+    return type(first)(**fields)
+
+
+def _merge(values, widths, rows, n_rows, width, torch):
+    first = values[0]
+    if isinstance(first, tuple):
+        return tuple(
+            _merge([v[k] for v in values], widths, rows, n_rows, width, torch) for k in range(len(first))
+        )
+    if not isinstance(first, torch.Tensor) or first.dim() == 0 or first.shape[0] != len(rows[0]):
+        return first
+    # Axes that follow the group's padded length hold the group's width in every group.
+    length_axes = [a for a in range(1, first.dim()) if all(v.shape[a] == w for v, w in zip(values, widths))]
+    shape = [n_rows] + [width if a in length_axes else first.shape[a] for a in range(1, first.dim())]
+    out = first.new_zeros(shape)
+    for value, g in zip(values, rows):
+        index = (torch.as_tensor(g, device=value.device),) + tuple(slice(0, s) for s in value.shape[1:])
+        out[index] = value
+    return out
+
+
+def _no_backprop(d_output: Any) -> Any:
+    raise RuntimeError("sorted_span_groups runs in prediction only; it has no backward pass.")
