@@ -11,8 +11,9 @@ their spans).
 `sorted_span_groups(nlp)` is a context manager that, while it is active, replaces the
 forward pass of the Hugging Face layer of every spacy-transformers `Transformer` in the
 pipeline, in prediction only (`is_train=False`): the batch's rows are sorted by their
-real length, cut into groups whose own padding stays under `max_padding`, each group
-run trimmed to its own longest row, and the outputs put back in the original row order
+real length, cut into the groups that minimise the wordpieces computed plus a cost per
+model call (`plan_groups`), each group run trimmed to its own longest row (rounded up to
+a multiple of 16), and the outputs put back in the original row order
 at the original padded width (positions past a row's length are zeros instead of the
 model's values for padding, which nothing reads: the alignment only points at real
 wordpieces). What the listeners and `doc._.trf_data` see for real wordpieces is what
@@ -20,42 +21,73 @@ the model computes for them; the only difference is float rounding from tensors 
 other shapes (below 1e-5 in the tests). Training is never changed.
 """
 import contextlib
-from typing import Any, Iterator, List, Sequence, Set
+from typing import Any, Iterator, List, Optional, Sequence, Set
 
 import numpy
 from spacy.language import Language
 
-__all__ = ["sorted_span_groups", "plan_groups", "DEFAULT_MAX_PADDING"]
+__all__ = ["sorted_span_groups", "plan_groups", "DEFAULT_GROUP_COST", "WIDTH_STEP"]
 
-DEFAULT_MAX_PADDING = 0.1
+# What one more transformer call costs, in wordpieces of work: measured on CPU, a call
+# costs about as much as 150 (4-layer 256-wide BERT) to 400 (2-layer 64-wide)
+# wordpieces (benchmarks/eval_batch_budget.py); a group must save more padding than this.
+DEFAULT_GROUP_COST = 256
+# Group widths are rounded up to a multiple of this, so that the allocator sees a few
+# tensor shapes again and again rather than a new one per group (with one width per
+# group, the heap fragmented and resident memory crept up by ~5 KB per evaluated doc).
+WIDTH_STEP = 16
 # ids of the layers whose forward is replaced now (nested use changes nothing twice).
 _ACTIVE: Set[int] = set()
 
 
-def plan_groups(lengths: Sequence[int], max_padding: float = DEFAULT_MAX_PADDING) -> List[List[int]]:
-    """Cut rows into groups, longest first, so that each group's padded size (rows x
-    its longest row) wastes at most `max_padding` of it (a group is never empty; one
-    row alone wastes nothing).
+def plan_groups(
+    lengths: Sequence[int],
+    group_cost: float = DEFAULT_GROUP_COST,
+    width_step: int = WIDTH_STEP,
+    max_width: Optional[int] = None,
+) -> List[List[int]]:
+    """Cut rows, sorted longest first, into contiguous groups that minimise the
+    wordpieces computed plus `group_cost` per group: each group is run padded to its
+    longest row rounded up to `width_step` (at most `max_width`). Exact (dynamic
+    programming over the sorted rows, O(n^2) in numpy).
 
     lengths (Sequence[int]): the real length of each row.
-    max_padding (float): the largest padding fraction allowed within a group.
-    RETURNS (List[List[int]]): row indices per group.
+    group_cost (float): the cost of one more group (one more model call), in wordpieces.
+    width_step (int): group widths are multiples of this.
+    max_width (Optional[int]): the widest a group may be run (the batch's width).
+    RETURNS (List[List[int]]): row indices per group, widest group first; no two
+        groups have the same width.
     """
-    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    if group_cost < 0 or width_step < 1:
+        raise ValueError(f"group_cost must be >= 0 and width_step >= 1, got {group_cost}, {width_step}.")
+    n = len(lengths)
+    if n == 0:
+        return []
+    order = numpy.argsort(-numpy.asarray(lengths, dtype="int64"), kind="stable")
+    widths = -(-numpy.asarray(lengths, dtype="int64")[order] // width_step) * width_step
+    if max_width is not None:
+        widths = numpy.minimum(widths, max(int(max_width), 1))
+    # best[j]: the least cost of the first j sorted rows; cut[j]: where its last group starts.
+    best = numpy.zeros(n + 1)
+    cut = numpy.zeros(n + 1, dtype="int64")
+    starts = numpy.arange(n)
+    for j in range(1, n + 1):
+        costs = best[:j] + (j - starts[:j]) * widths[:j] + group_cost
+        i = int(numpy.argmin(costs))
+        best[j], cut[j] = costs[i], i
+    bounds = []
+    j = n
+    while j > 0:
+        bounds.append((int(cut[j]), j))
+        j = int(cut[j])
     groups: List[List[int]] = []
-    group: List[int] = []
-    longest = total = 0
-    for i in order:
-        n = int(lengths[i])
-        if group and (len(group) + 1) * longest - (total + n) > max_padding * (len(group) + 1) * longest:
-            groups.append(group)
-            group, total = [], 0
-        if not group:
-            longest = n
-        group.append(i)
-        total += n
-    if group:
-        groups.append(group)
+    last_width = None
+    for i, j in reversed(bounds):
+        if widths[i] == last_width:  # the same width: one group (only with group_cost 0)
+            groups[-1].extend(order[i:j].tolist())
+        else:
+            groups.append(order[i:j].tolist())
+        last_width = widths[i]
     return groups
 
 
@@ -94,21 +126,21 @@ def _to_xp(like: Any, rows: numpy.ndarray) -> Any:
 
 
 @contextlib.contextmanager
-def sorted_span_groups(nlp: Language, max_padding: float = DEFAULT_MAX_PADDING) -> Iterator[int]:
+def sorted_span_groups(nlp: Language, group_cost: float = DEFAULT_GROUP_COST) -> Iterator[int]:
     """While active, every spacy-transformers Transformer of `nlp` predicts its
     batches' spans in length-sorted groups (see the module's docstring).
 
     nlp (Language): the pipeline.
-    max_padding (float): the largest padding fraction within a group.
+    group_cost (float): what one more model call costs, in wordpieces (see `plan_groups`).
     YIELDS (int): how many transformer layers were changed (0: nothing to do).
     """
-    if not 0.0 <= max_padding < 1.0:
-        raise ValueError(f"max_padding must be in [0, 1), got {max_padding!r}.")
+    if not group_cost >= 0:
+        raise ValueError(f"group_cost must be >= 0, got {group_cost!r}.")
     layers = [layer for layer in _hf_layers(nlp) if id(layer) not in _ACTIVE]
     originals = []
     for layer in layers:
         originals.append(layer._func)
-        layer._func = _sorted_forward(layer._func, max_padding)
+        layer._func = _sorted_forward(layer._func, group_cost)
         _ACTIVE.add(id(layer))
     try:
         yield len(layers)
@@ -118,20 +150,20 @@ def sorted_span_groups(nlp: Language, max_padding: float = DEFAULT_MAX_PADDING) 
             _ACTIVE.discard(id(layer))
 
 
-def _sorted_forward(forward, max_padding: float):
+def _sorted_forward(forward, group_cost: float):
     def sorted_forward(model, wps, is_train):
         if is_train or len(wps) < 2:
             return forward(model, wps, is_train)
         mask = wps.attention_mask
         real = [int(x) for x in (mask.sum(axis=1).tolist() if hasattr(mask, "sum") else wps.lengths)]
         width = int(wps.input_ids.shape[1])
-        groups = plan_groups(real, max_padding)
+        groups = plan_groups(real, group_cost, WIDTH_STEP, max_width=width)
         if len(groups) == 1:
             return forward(model, wps, is_train)
         rows = [numpy.asarray(g, dtype="int64") for g in groups]
         outputs = []
         for g in rows:
-            w = max(real[i] for i in g.tolist())
+            w = min(width, -(-max(real[i] for i in g.tolist()) // WIDTH_STEP) * WIDTH_STEP)
             out, _ = forward(model, _take(wps, g, w), is_train)
             outputs.append((out, w))
         return _combine(outputs, rows, len(wps), width), _no_backprop

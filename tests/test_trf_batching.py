@@ -15,25 +15,55 @@ from spacy_lean.streaming import evaluate
 from spacy_lean.trf_batching import plan_groups, sorted_span_groups
 
 
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.sampled_from([0.0, 0.05, 0.1, 0.3]))
+def plan_cost(lengths, groups, group_cost, step):
+    return sum(len(g) * -(-max(lengths[i] for i in g) // step) * step + group_cost for g in groups)
+
+
+def brute_force_best(lengths, group_cost, step):
+    """The least cost over every cut of the rows sorted longest first."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best = None
+    for mask in range(1 << max(0, len(order) - 1)):
+        groups, group = [], [order[0]]
+        for k in range(1, len(order)):
+            if mask >> (k - 1) & 1:
+                groups.append(group)
+                group = []
+            group.append(order[k])
+        groups.append(group)
+        cost = plan_cost(lengths, groups, group_cost, step)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.sampled_from([0, 64, 256, 2000]),
+       st.sampled_from([1, 8, 16]))
 @settings(max_examples=200, deadline=None)
-def test_plan_groups_covers_every_row_once_within_the_padding(lengths, max_padding):
-    groups = plan_groups(lengths, max_padding)
+def test_plan_groups_covers_every_row_once(lengths, group_cost, step):
+    groups = plan_groups(lengths, group_cost, step)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    widths = []
-    for g in groups:
-        longest = max(lengths[i] for i in g)
-        waste = len(g) * longest - sum(lengths[i] for i in g)
-        assert waste <= max_padding * len(g) * longest + 1e-9
-        widths.append(longest)
-    assert widths == sorted(widths, reverse=True)  # longest first
-    assert len(set(widths)) == len(widths)  # distinct widths: rows of one length share a group
+    widths = [-(-max(lengths[i] for i in g) // step) * step for g in groups]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == len(widths)
+    # never worse than one group, or than one group per row
+    cost = plan_cost(lengths, groups, group_cost, step)
+    assert cost <= plan_cost(lengths, [list(range(len(lengths)))], group_cost, step)
+    assert cost <= plan_cost(lengths, [[i] for i in range(len(lengths))], group_cost, step)
+
+
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=9), st.sampled_from([0, 30, 256]))
+@settings(max_examples=150, deadline=None)
+def test_plan_groups_is_optimal(lengths, group_cost):
+    groups = plan_groups(lengths, group_cost, 16)
+    assert plan_cost(lengths, groups, group_cost, 16) == brute_force_best(lengths, group_cost, 16)
 
 
 def test_plan_groups_examples():
-    assert plan_groups([5, 5, 5]) == [[0, 1, 2]]
-    assert plan_groups([10, 2, 9], 0.1) == [[0, 2], [1]]
+    assert plan_groups([100, 98, 60, 20, 19, 5], group_cost=0) == [[0, 1], [2], [3, 4], [5]]
+    assert plan_groups([100, 98, 60, 20, 19, 5], group_cost=256) == [[0, 1, 2, 3, 4, 5]]
+    assert plan_groups([130, 120], group_cost=0, max_width=128) == [[0, 1]]  # both clipped: one width
     assert plan_groups([]) == []
+    with pytest.raises(ValueError):
+        plan_groups([3], group_cost=-1)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +102,7 @@ def test_same_predictions_less_padding(trf_ner_nlp, texts):
         stock_counts = dict(counts)
         counts.update(run=0, real=0, calls=0)
         forward = hf_layer(nlp)._func
-        with sorted_span_groups(nlp) as changed:
+        with sorted_span_groups(nlp, group_cost=0) as changed:
             assert changed == 1 and hf_layer(nlp)._func is not forward
             with sorted_span_groups(nlp) as again:  # nested: nothing wrapped twice
                 assert again == 0
@@ -121,7 +151,7 @@ def test_evaluate_scores_equal_with_and_without_sorting(trf_ner_nlp):
         }
 
 
-def test_bad_max_padding(trf_ner_nlp):
-    with pytest.raises(ValueError, match="max_padding"):
-        with sorted_span_groups(trf_ner_nlp, max_padding=1.5):
+def test_bad_group_cost(trf_ner_nlp):
+    with pytest.raises(ValueError, match="group_cost"):
+        with sorted_span_groups(trf_ner_nlp, group_cost=-1):
             pass
