@@ -13,7 +13,7 @@ import torch
 from spacy.tokens import Doc
 from spacy.training import Example
 from spacy.util import registry
-from thinc.api import Adam
+from thinc.api import Adam, fix_random_seed
 
 from spacy_lean.charlm import CharLM
 from spacy_lean.charlm.embed import CharLMEmbedder
@@ -238,7 +238,10 @@ def _charlm_layer(nlp):
 
 
 @pytest.mark.parametrize("fine_tune", [False, True])
-def test_ner_trains_and_serialises_with_charlm_tok2vec(lm_paths, ner_docs, tmp_path, fine_tune):
+def test_ner_trains_and_serialises_with_charlm_tok2vec(lm_paths, ner_docs, tmp_path, fine_tune, seed=0):
+    # Seeded: the weights' initialisation must not depend on what earlier tests left in
+    # the global random states (unseeded, 1 run in ~10 diverged at learn rate 0.01).
+    fix_random_seed(seed)
     nlp = _ner_nlp(lm_paths, fine_tune)
     short = [d for d in ner_docs if len(d) < 40][:8]
     examples = [Example(nlp.make_doc(d.text), d) for d in short]
