@@ -105,24 +105,21 @@ def _hf_layers(nlp: Language) -> List[Any]:
 
 
 def _take(wps: Any, rows: numpy.ndarray, width: int) -> Any:
+    """The wordpieces of `rows`, trimmed to `width` (the arrays may live on a GPU)."""
     from spacy_transformers.data_classes import WordpieceBatch
+    from thinc.api import get_array_module
 
-    xp_rows = rows if isinstance(wps.input_ids, numpy.ndarray) else _to_xp(wps.input_ids, rows)
+    index = get_array_module(wps.input_ids).asarray(rows)
+    picked = rows.tolist()
     return WordpieceBatch(
-        strings=[wps.strings[i] for i in rows.tolist()],
-        input_ids=wps.input_ids[xp_rows, :width],
-        attention_mask=wps.attention_mask[xp_rows, :width],
-        lengths=[wps.lengths[i] for i in rows.tolist()],
+        strings=[wps.strings[i] for i in picked],
+        input_ids=wps.input_ids[index, :width],
+        attention_mask=wps.attention_mask[index, :width],
+        lengths=[wps.lengths[i] for i in picked],
         token_type_ids=(
-            wps.token_type_ids[xp_rows, :width] if wps.token_type_ids is not None else None
+            wps.token_type_ids[index, :width] if wps.token_type_ids is not None else None
         ),
     )
-
-
-def _to_xp(like: Any, rows: numpy.ndarray) -> Any:
-    import cupy  # only reached when the wordpieces live on a GPU
-
-    return cupy.asarray(rows)
 
 
 @contextlib.contextmanager
@@ -154,8 +151,7 @@ def _sorted_forward(forward, group_cost: float):
     def sorted_forward(model, wps, is_train):
         if is_train or len(wps) < 2:
             return forward(model, wps, is_train)
-        mask = wps.attention_mask
-        real = [int(x) for x in (mask.sum(axis=1).tolist() if hasattr(mask, "sum") else wps.lengths)]
+        real = [int(x) for x in wps.attention_mask.sum(axis=1).tolist()]
         width = int(wps.input_ids.shape[1])
         groups = plan_groups(real, group_cost, WIDTH_STEP, max_width=width)
         if len(groups) == 1:
