@@ -14,6 +14,7 @@ costs is measured, not estimated. Scores must be identical in every arm.
 
 Prints JSON and writes benchmarks/results/eval_batch_budget.json.
 """
+
 import argparse
 import json
 import os
@@ -69,17 +70,26 @@ def measure(kind: str, model: Path, data: Path, repeats: int, threads: int) -> d
                 result = nlp.evaluate(examples)
             else:
                 budget = int(arm.split("_")[-1])
-                result = spacy_lean.evaluate(nlp, examples, max_batch_tokens=budget,
-                                             sort_spans=not arm.startswith("unsorted"))
+                result = spacy_lean.evaluate(
+                    nlp,
+                    examples,
+                    max_batch_tokens=budget,
+                    sort_spans=not arm.startswith("unsorted"),
+                )
             rows[arm]["seconds"].append(round(time.perf_counter() - start, 3))
-            rows[arm].update(forward_calls=counts["calls"], wordpieces_run=counts["run"],
-                             wordpieces_real=counts["real"])
+            rows[arm].update(
+                forward_calls=counts["calls"],
+                wordpieces_run=counts["run"],
+                wordpieces_real=counts["real"],
+            )
             scores[arm] = {k: v for k, v in result.items() if k not in ("speed",)}
     stock_s = statistics.median(rows["stock"]["seconds"])
     for arm, row in rows.items():
         row["seconds_median"] = statistics.median(row["seconds"])
         row["ratio_vs_stock"] = round(row["seconds_median"] / stock_s, 3)
-        row["wordpiece_padding_fraction"] = round(1 - row["wordpieces_real"] / row["wordpieces_run"], 4)
+        row["wordpiece_padding_fraction"] = round(
+            1 - row["wordpieces_real"] / row["wordpieces_run"], 4
+        )
     return {
         "docs": len(gold),
         "tokens": sum(len(d) for d in gold),
@@ -103,21 +113,45 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     data = build_data(work, args.docs, [args.docs])["file"][args.docs]
     load = os.getloadavg()
-    results = {kind: measure(kind, build_model(work, kind), data, args.repeats, args.threads)
-               for kind in args.models}
+    results = {
+        kind: measure(kind, build_model(work, kind), data, args.repeats, args.threads)
+        for kind in args.models
+    }
     report = {
         "benchmark": "eval_batch_budget",
         "command": "nice -n 10 python benchmarks/eval_batch_budget.py " + " ".join(sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "torch_threads": args.threads,
-                    "load_avg_at_start": load, "load_avg_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": args.threads,
+            "load_avg_at_start": load,
+            "load_avg_at_end": os.getloadavg(),
+        },
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: {a: {f: r[f] for f in ("seconds_median", "ratio_vs_stock",
-                                                   "forward_calls", "wordpiece_padding_fraction")}
-                          for a, r in v["arms"].items()} for k, v in results.items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: {
+                    a: {
+                        f: r[f]
+                        for f in (
+                            "seconds_median",
+                            "ratio_vs_stock",
+                            "forward_calls",
+                            "wordpiece_padding_fraction",
+                        )
+                    }
+                    for a, r in v["arms"].items()
+                }
+                for k, v in results.items()
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ wordpieces). What the listeners and `doc._.trf_data` see for real wordpieces is 
 the model computes for them; the only difference is float rounding from tensors of
 other shapes (below 1e-5 in the tests). Training is never changed.
 """
+
 import contextlib
-from typing import Any, Iterator, List, Optional, Sequence, Set
+from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy
 from spacy.language import Language
@@ -58,8 +59,17 @@ def plan_groups(
     RETURNS (List[List[int]]): row indices per group, widest group first; no two
         groups have the same width.
     """
+    return [group for group, _ in _plan(lengths, group_cost, width_step, max_width)]
+
+
+def _plan(
+    lengths: Sequence[int], group_cost: float, width_step: int, max_width: Optional[int]
+) -> List[Tuple[List[int], int]]:
+    """`plan_groups`, with the width each group runs at."""
     if group_cost < 0 or width_step < 1:
-        raise ValueError(f"group_cost must be >= 0 and width_step >= 1, got {group_cost}, {width_step}.")
+        raise ValueError(
+            f"group_cost must be >= 0 and width_step >= 1, got {group_cost}, {width_step}."
+        )
     n = len(lengths)
     if n == 0:
         return []
@@ -80,14 +90,13 @@ def plan_groups(
     while j > 0:
         bounds.append((int(cut[j]), j))
         j = int(cut[j])
-    groups: List[List[int]] = []
-    last_width = None
+    groups: List[Tuple[List[int], int]] = []
     for i, j in reversed(bounds):
-        if widths[i] == last_width:  # the same width: one group (only with group_cost 0)
-            groups[-1].extend(order[i:j].tolist())
+        width = int(widths[i])
+        if groups and groups[-1][1] == width:  # the same width: one group (only with group_cost 0)
+            groups[-1][0].extend(order[i:j].tolist())
         else:
-            groups.append(order[i:j].tolist())
-        last_width = widths[i]
+            groups.append((order[i:j].tolist(), width))
     return groups
 
 
@@ -153,15 +162,13 @@ def _sorted_forward(forward, group_cost: float):
             return forward(model, wps, is_train)
         real = [int(x) for x in wps.attention_mask.sum(axis=1).tolist()]
         width = int(wps.input_ids.shape[1])
-        groups = plan_groups(real, group_cost, WIDTH_STEP, max_width=width)
-        if len(groups) == 1:
+        plan = _plan(real, group_cost, WIDTH_STEP, width)
+        if len(plan) == 1:
             return forward(model, wps, is_train)
-        rows = [numpy.asarray(g, dtype="int64") for g in groups]
-        outputs = []
-        for g in rows:
-            w = min(width, -(-max(real[i] for i in g.tolist()) // WIDTH_STEP) * WIDTH_STEP)
-            out, _ = forward(model, _take(wps, g, w), is_train)
-            outputs.append((out, w))
+        rows = [numpy.asarray(g, dtype="int64") for g, _ in plan]
+        outputs = [
+            (forward(model, _take(wps, g, w), is_train)[0], w) for g, (_, w) in zip(rows, plan)
+        ]
         return _combine(outputs, rows, len(wps), width), _no_backprop
 
     return sorted_forward
@@ -169,30 +176,37 @@ def _sorted_forward(forward, group_cost: float):
 
 def _combine(outputs, rows: List[numpy.ndarray], n_rows: int, width: int) -> Any:
     """One model output with every group's tensors back at their rows."""
-    import torch
-
     first = outputs[0][0]
-    fields = {}
-    for key in first.keys():
-        values = [out[key] for out, _ in outputs]
-        fields[key] = _merge(values, [w for _, w in outputs], rows, n_rows, width, torch)
+    widths = [w for _, w in outputs]
+    fields = {
+        key: _merge([out[key] for out, _ in outputs], widths, rows, n_rows, width)
+        for key in first.keys()
+    }
     return type(first)(**fields)
 
 
-def _merge(values, widths, rows, n_rows, width, torch):
+def _merge(values, widths, rows, n_rows, width):
+    import torch
+
     first = values[0]
     if isinstance(first, tuple):
         return tuple(
-            _merge([v[k] for v in values], widths, rows, n_rows, width, torch) for k in range(len(first))
+            _merge([v[k] for v in values], widths, rows, n_rows, width) for k in range(len(first))
         )
     if not isinstance(first, torch.Tensor) or first.dim() == 0 or first.shape[0] != len(rows[0]):
         return first
     # Axes that follow the group's padded length hold the group's width in every group.
-    length_axes = [a for a in range(1, first.dim()) if all(v.shape[a] == w for v, w in zip(values, widths))]
-    shape = [n_rows] + [width if a in length_axes else first.shape[a] for a in range(1, first.dim())]
+    length_axes = [
+        a for a in range(1, first.dim()) if all(v.shape[a] == w for v, w in zip(values, widths))
+    ]
+    shape = [n_rows] + [
+        width if a in length_axes else first.shape[a] for a in range(1, first.dim())
+    ]
     out = first.new_zeros(shape)
     for value, g in zip(values, rows):
-        index = (torch.as_tensor(g, device=value.device),) + tuple(slice(0, s) for s in value.shape[1:])
+        index = (torch.as_tensor(g, device=value.device),) + tuple(
+            slice(0, s) for s in value.shape[1:]
+        )
         out[index] = value
     return out
 

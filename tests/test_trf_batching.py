@@ -1,5 +1,6 @@
 """Length-sorted span groups in prediction (spacy_lean.trf_batching): the same
 predictions and the same hidden states for every real wordpiece, less padding run."""
+
 import numpy
 import pytest
 import spacy
@@ -8,7 +9,6 @@ from hypothesis import strategies as st
 from spacy.training import Example
 from thinc.api import fix_random_seed, get_current_ops
 
-import eval_util  # noqa: E402  (tests/ is on sys.path under pytest)
 from eval_util import add_ruler  # noqa: E402
 from spacy_lean import synthetic
 from spacy_lean.streaming import evaluate
@@ -36,8 +36,11 @@ def brute_force_best(lengths, group_cost, step):
     return best
 
 
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.sampled_from([0, 64, 256, 2000]),
-       st.sampled_from([1, 8, 16]))
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=60),
+    st.sampled_from([0, 64, 256, 2000]),
+    st.sampled_from([1, 8, 16]),
+)
 @settings(max_examples=200, deadline=None)
 def test_plan_groups_covers_every_row_once(lengths, group_cost, step):
     groups = plan_groups(lengths, group_cost, step)
@@ -60,7 +63,9 @@ def test_plan_groups_is_optimal(lengths, group_cost):
 def test_plan_groups_examples():
     assert plan_groups([100, 98, 60, 20, 19, 5], group_cost=0) == [[0, 1], [2], [3, 4], [5]]
     assert plan_groups([100, 98, 60, 20, 19, 5], group_cost=256) == [[0, 1, 2, 3, 4, 5]]
-    assert plan_groups([130, 120], group_cost=0, max_width=128) == [[0, 1]]  # both clipped: one width
+    assert plan_groups([130, 120], group_cost=0, max_width=128) == [
+        [0, 1]
+    ]  # both clipped: one width
     assert plan_groups([]) == []
     with pytest.raises(ValueError):
         plan_groups([3], group_cost=-1)
@@ -114,9 +119,14 @@ def test_same_predictions_less_padding(trf_ner_nlp, texts):
     assert counts["run"] < stock_counts["run"]  # less padding computed
     assert counts["calls"] > stock_counts["calls"]
     for a, b in zip(stock, ours):
-        assert [(e.start, e.end, e.label_) for e in a.ents] == [(e.start, e.end, e.label_) for e in b.ents]
+        assert [(e.start, e.end, e.label_) for e in a.ents] == [
+            (e.start, e.end, e.label_) for e in b.ents
+        ]
         numpy.testing.assert_allclose(aligned_rows(a), aligned_rows(b), rtol=0, atol=1e-5)
-        assert a._.trf_data.model_output.last_hidden_state.shape == b._.trf_data.model_output.last_hidden_state.shape
+        assert (
+            a._.trf_data.model_output.last_hidden_state.shape
+            == b._.trf_data.model_output.last_hidden_state.shape
+        )
 
 
 def test_training_is_not_changed(trf_ner_nlp, texts):

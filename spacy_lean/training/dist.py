@@ -194,16 +194,11 @@ class ParamEntry:
 
     def grad_tensor(self):
         """The gradient as a torch tensor (a view where possible), or None."""
-        import torch
-
         if self.torch_param is not None:
             return self.torch_param.grad
         if not self.node.has_grad(self.param_name):
             return None
-        grad = self.node.get_grad(self.param_name)
-        if isinstance(grad, numpy.ndarray):
-            return torch.from_numpy(numpy.ascontiguousarray(grad))
-        return torch.utils.dlpack.from_dlpack(grad)  # pragma: no cover - cupy
+        return _as_torch(self.node.get_grad(self.param_name))
 
     def set_grad(self, flat) -> None:
         """Write a reduced gradient (a flat torch tensor) back."""
@@ -231,14 +226,9 @@ class ParamEntry:
             node.set_grad(name, value.astype(param.dtype, copy=False))
 
     def get_value(self):
-        import torch
-
         if self.torch_param is not None:
             return self.torch_param.data
-        value = self.node.get_param(self.param_name)
-        if isinstance(value, numpy.ndarray):
-            return torch.from_numpy(numpy.ascontiguousarray(value))
-        return torch.utils.dlpack.from_dlpack(value)  # pragma: no cover - cupy
+        return _as_torch(self.node.get_param(self.param_name))
 
     def set_value(self, flat) -> None:
         if self.torch_param is not None:
@@ -580,3 +570,12 @@ def launch_local(
 
 def launched_by_us() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def _as_torch(array):
+    """A thinc array as a torch tensor sharing its memory (numpy, or cupy through dlpack)."""
+    import torch
+
+    if isinstance(array, numpy.ndarray):
+        return torch.from_numpy(numpy.ascontiguousarray(array))
+    return torch.utils.dlpack.from_dlpack(array)  # pragma: no cover - cupy
