@@ -2,7 +2,9 @@
 
 Used by `lean_cleaner`, the streaming evaluation loop and the compact corpus reader."""
 import ctypes
+import os
 import sys
+from typing import Optional
 
 _malloc_trim = None
 
@@ -34,6 +36,65 @@ def trim_host_memory() -> bool:
         trim(0)
         return True
     return False
+
+
+# The training updates' default (`UpdatePolicy.trim_heap_slack_mb`); the evaluator
+# trims after every batch unless given a slack.
+DEFAULT_TRIM_SLACK_MB = 64.0
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> Optional[int]:
+    """The process's resident memory in bytes (Linux's `/proc/self/statm`), or None
+    where that cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class HeapTrimmer:
+    """Calls `trim_host_memory` after every call (`slack_mb` 0), or only once resident
+    memory has crept more than `slack_mb` megabytes above its working level: the level
+    measured at the first call after a trim (or the very first call), when a loop's
+    step has run once and its freed pages are held for the next step to reuse. A loop
+    whose steps reuse the same pages then never pays for handing them back and
+    faulting them in again; what fragmentation adds step after step goes back once it
+    exceeds the slack, so the peak stays within the working level + the slack.
+
+    Measured, trimming after every call: `spacy lean evaluate` (2x64 model, 4,800
+    docs, `benchmarks/eval_heap_trim.py`) 2.6M minor page faults against 0.1M
+    untrimmed and 6% more CPU time than with fewer trims; `spacy lean train` (2x64
+    model, `benchmarks/train_memory.py --trim-arms`) ~20% fewer words/s than never
+    trimming, for a peak ~85 MB lower. Never trimming lets the peak creep up with the
+    number of batches.
+
+    slack_mb (float): 0 trims on every call.
+    """
+
+    def __init__(self, slack_mb: float = 0.0):
+        if slack_mb < 0:
+            raise ValueError(f"slack_mb must be >= 0, got {slack_mb}.")
+        self.slack = int(slack_mb * 2**20)
+        self.floor: Optional[int] = None
+        self.n_trims = 0
+
+    def __call__(self) -> bool:
+        """Trim if due. RETURNS whether it trimmed."""
+        if self.slack:
+            now = resident_bytes()
+            if now is not None:
+                if self.floor is None:  # the working level: first call, or first after a trim
+                    self.floor = now
+                    return False
+                if now <= self.floor + self.slack:
+                    return False
+        if not trim_host_memory():
+            return False
+        self.n_trims += 1
+        self.floor = None
+        return True
 
 
 def empty_gpu_caches() -> None:

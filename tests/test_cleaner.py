@@ -443,6 +443,39 @@ def test_trim_host_memory_gives_pages_back():
     assert rss_kb() < before - 10_000  # at least ~10 MB of the ~40 MB came back
 
 
+def test_heap_trimmer_trims_only_past_its_slack():
+    import sys
+
+    from spacy_lean.memory import HeapTrimmer, resident_bytes, trim_host_memory
+
+    if not sys.platform.startswith("linux") or not trim_host_memory():
+        pytest.skip("needs glibc's malloc_trim and /proc")
+    assert resident_bytes() > 0
+    with pytest.raises(ValueError, match="slack_mb"):
+        HeapTrimmer(-1)
+    trimmer = HeapTrimmer(slack_mb=32)
+    assert not trimmer()  # the first call measures the working level
+    assert trimmer.floor is not None and trimmer.n_trims == 0
+    assert not trimmer()  # nothing grew
+    # 48 MB held in heap blocks between small live ones, then freed: resident memory
+    # stays above the floor + 32 MB until the trimmer hands it back.
+    blocks, keep = [], []
+    for _ in range(480):
+        block = bytearray(100_000)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page
+        blocks.append(block)
+        keep.append(bytearray(64))
+    del blocks
+    held = resident_bytes()
+    assert held > trimmer.floor + 32 * 2**20
+    assert trimmer()
+    assert trimmer.n_trims == 1 and trimmer.floor is None
+    assert resident_bytes() < held - 16 * 2**20
+    assert not trimmer() and trimmer.floor is not None  # the next call re-measures the level
+    every = HeapTrimmer(slack_mb=0)
+    assert every() and every() and every.n_trims == 2
+
+
 @pytest.mark.gpu
 def test_empty_cache_every_frees_cuda_cache(trf_ner_dir, texts):
     import torch

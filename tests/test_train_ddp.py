@@ -321,3 +321,63 @@ def test_optimizer_state_round_trips_by_name_without_pickle(tmp_path):
         numpy.testing.assert_array_equal(fresh.mom2[b.key], optimizer.mom2[a.key])
     with pytest.raises(ValueError, match="saved for another model"):
         load_optimizer(Adam(0.01), other_entries + [type(entries[0])("x/0:y/W", (0, "W"), (1,))], tmp_path / "opt.npz")
+
+
+def test_grad_scalers_finds_each_enabled_scaler_once(trf_ner_dir):
+    from spacy_lean.training.dist import grad_scalers
+
+    mixed_precision = {"components": {"transformer": {"model": {"mixed_precision": True}}}}
+    mixed = spacy.load(trf_ner_dir, config=mixed_precision)
+    scalers = grad_scalers(mixed)
+    assert len(scalers) == 1 and scalers[0]._enabled
+    assert grad_scalers(mixed, exclude=["transformer"]) == []
+    assert grad_scalers(spacy.load(trf_ner_dir)) == []  # mixed precision off: nothing to agree on
+
+
+def _overflow_worker(rank, world_size, store, result_dir):
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    from spacy_lean.training.dist import DistContext, agree_on_overflow
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    try:
+        ctx = DistContext(rank=rank, world_size=world_size, backend="gloo")
+        scalers = [PyTorchGradScaler(enabled=True) for _ in range(3)]
+        # Rank 0's first shim overflowed, rank 1's third; the second nowhere.
+        scalers[0 if rank == 0 else 2]._found_inf = True
+        skipped = agree_on_overflow(ctx, scalers)
+        found = [s.found_inf for s in scalers]
+        for s in scalers:
+            s.update()  # the step's end: the flags reset, the scale backs off where skipped
+        scales = [float(s._scale) for s in scalers]
+        srsly.write_json(os.path.join(result_dir, f"rank{rank}.json"),
+                         {"skipped": skipped, "found": found, "scales": scales})
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_ranks_skip_an_overflowed_mixed_precision_step_together(tmp_path):
+    """A rank whose grad scaler found inf/NaN skips the step; the others must skip it
+    too (they would step with the overflowed sum), and all scales back off alike."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_overflow_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    results = [srsly.read_json(tmp_path / f"rank{r}.json") for r in range(2)]
+    for result in results:
+        assert result["skipped"] == [True, False, True]
+        assert result["found"] == [True, False, True]
+    assert results[0]["scales"] == results[1]["scales"]
+    assert results[0]["scales"][0] < results[0]["scales"][1]  # backed off where skipped
+
+
+def test_agree_on_overflow_in_one_process_keeps_the_local_flags():
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    from spacy_lean.training.dist import DistContext, agree_on_overflow
+
+    scalers = [PyTorchGradScaler(enabled=True), PyTorchGradScaler(enabled=True)]
+    scalers[1]._found_inf = True
+    assert agree_on_overflow(DistContext(), scalers) == [False, True]
+    assert agree_on_overflow(DistContext(), []) == []

@@ -265,6 +265,34 @@ def test_policy_settings_and_round_trip():
     assert policy.limit_for(500) == 512  # a smaller batch size learned nothing yet
     again = UpdatePolicy.from_dict(policy.to_dict())
     assert again.to_dict() == policy.to_dict()
+    off = UpdatePolicy.from_dict({**policy.to_dict(), "trim_heap_slack_mb": None})
+    assert off.trim_heap_slack_mb is None
+    with pytest.raises(ValueError, match="trim_heap_slack_mb must be >= 0"):
+        UpdatePolicy(trim_heap_slack_mb=-1)
+
+
+def test_updates_give_freed_host_memory_back(pipeline_dir, batches):
+    """Before each update the previous step's freed heap pages go back to the OS (per
+    the slack): training's resident memory does not creep up with the batches seen."""
+    import sys
+
+    from spacy_lean.memory import trim_host_memory
+
+    if not sys.platform.startswith("linux") or not trim_host_memory():
+        pytest.skip("needs glibc's malloc_trim")
+    nlp = fresh(pipeline_dir)
+    every = UpdatePolicy(trim_heap_slack_mb=0)
+    for batch in batches:
+        lean_update(nlp, batch, policy=every)
+    assert every._trimmer.n_trims == len(batches)
+    never = UpdatePolicy(trim_heap_slack_mb=None)
+    for batch in batches:
+        lean_update(nlp, batch, policy=never)
+    assert never._trimmer is None and not never.trim_heap()
+    slack = UpdatePolicy(trim_heap_slack_mb=10_000)  # far more than these steps free
+    for batch in batches:
+        lean_update(nlp, batch, policy=slack)
+    assert slack._trimmer.n_trims == 0  # the first call measures the level; nothing grows 10 GB
 
 
 def test_oom_split_gives_the_whole_batch_update(pipeline_dir, batches):
@@ -482,6 +510,8 @@ def test_callback_settings_reach_the_policy(pipeline_dir, exact):
 
     make = registry.callbacks.get(CALLBACK_NAME)
     nlp = spacy.load(pipeline_dir)
-    make(max_padded_tokens=300, gradient_checkpointing=False, exact_parser_gradient=exact)(nlp)
+    make(max_padded_tokens=300, gradient_checkpointing=False, exact_parser_gradient=exact,
+         trim_heap_slack_mb=None if exact else 8.0)(nlp)
     policy = get_update_policy(nlp)
     assert policy.max_padded_tokens == 300 and policy.exact_parser_gradient is exact
+    assert policy.trim_heap_slack_mb == (None if exact else 8.0)

@@ -183,13 +183,9 @@ def train(
         with show_validation_error(config_path, hint_fill=False), _single_process_view():
             nlp = init_nlp(config, use_gpu=dctx.gpu_id)
         msg.good("Initialized pipeline")
-    policy = None
-    try:
-        from ..training.update import UpdatePolicy
+    from ..training.update import UpdatePolicy
 
-        policy = UpdatePolicy(max_padded_tokens=max_padded_tokens)
-    except ImportError:  # pragma: no cover - part 1 not installed
-        pass
+    policy = UpdatePolicy(max_padded_tokens=max_padded_tokens)
     msg.divider("Training pipeline")
     try:
         dctx.init()

@@ -9,6 +9,7 @@ from spacy.training import Example
 from spacy.util import registry
 from thinc.api import Optimizer
 
+from ..memory import DEFAULT_TRIM_SLACK_MB
 from ..streaming import install_streaming_evaluate
 from .update import UpdatePolicy, lean_update
 
@@ -90,6 +91,7 @@ def make_lean_training_v1(
     streaming_evaluate: bool = True,
     eval_window_size: Optional[int] = None,
     exact_parser_gradient: bool = True,
+    trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB,
 ) -> Callable[[Language], Language]:
     """An `[nlp.after_pipeline_creation]` callback for `spacy train`: batches that
     run out of GPU memory are updated in micro-batches (the same update), an optional
@@ -110,10 +112,14 @@ def make_lean_training_v1(
     eval_window_size (Optional[int]): its read-ahead window (see `spacy_lean.evaluate`).
     exact_parser_gradient (bool): drop the batch-dependent term spaCy 3.8's ner/parser
         lower layer adds to its weight gradient, so split batches give the same update.
+    trim_heap_slack_mb (Optional[float]): before an update, give the host memory the
+        earlier steps freed back to the OS once resident memory has crept more than this
+        many MB above its working level (0: before every update; null: never). See
+        `UpdatePolicy`.
     RETURNS (Callable[[Language], Language]): the callback.
     """
     # Validate the settings when the config is resolved, not at the first batch.
-    UpdatePolicy(max_padded_tokens=max_padded_tokens)
+    UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
 
     def after_pipeline_creation(nlp: Language) -> Language:
         policy = UpdatePolicy(
@@ -121,6 +127,7 @@ def make_lean_training_v1(
             wordpiece_tokenizer=wordpiece_tokenizer,
             gradient_checkpointing=gradient_checkpointing,
             exact_parser_gradient=exact_parser_gradient,
+            trim_heap_slack_mb=trim_heap_slack_mb,
         )
         install_lean_update(nlp, policy)
         if streaming_evaluate:

@@ -257,6 +257,46 @@ def trainable_components(nlp, exclude: Iterable[str] = ()) -> List[Tuple[str, An
     ]
 
 
+def grad_scalers(nlp, exclude: Iterable[str] = ()) -> List[Any]:
+    """The enabled gradient scalers (mixed precision) of the trainable components'
+    PyTorchShims, each once, in pipeline and walk order (the same on every rank)."""
+    from thinc.shims import PyTorchShim
+
+    seen, scalers = set(), []
+    for _, proc in trainable_components(nlp, exclude):
+        for node in proc.model.walk():
+            for shim in node.shims:
+                if not isinstance(shim, PyTorchShim):
+                    continue
+                scaler = getattr(shim, "_grad_scaler", None)
+                enabled = scaler is not None and getattr(scaler, "_enabled", False)
+                if enabled and id(scaler) not in seen:
+                    seen.add(id(scaler))
+                    scalers.append(scaler)
+    return scalers
+
+
+def agree_on_overflow(ctx: DistContext, scalers: Sequence[Any]) -> List[bool]:
+    """Mixed precision: thinc's grad scaler skips a shim's step when its gradients
+    overflowed on this rank. After the gradients are summed every rank must skip that
+    step, or ranks whose own gradients were finite would step with the overflowed sum
+    (and the weights would differ from then on). One small all-reduce of a flag per
+    scaler; a scaler that overflowed anywhere is marked as overflowed everywhere, as
+    one process that saw every rank's examples would have found.
+
+    RETURNS (List[bool]): per scaler, whether its step is skipped.
+    """
+    if not scalers:
+        return []
+    flags = ctx.all_reduce_sum([1.0 if scaler.found_inf else 0.0 for scaler in scalers])
+    skipped = []
+    for scaler, flag in zip(scalers, flags):
+        if flag > 0:
+            scaler._found_inf = True  # thinc's PyTorchGradScaler has no setter
+        skipped.append(bool(flag > 0))
+    return skipped
+
+
 def collect_params(nlp, exclude: Iterable[str] = ()) -> List[ParamEntry]:
     """Every parameter the optimizer can update, in a fixed order: per trainable
     component, its model's nodes in walk order; per node its PyTorchShims' torch

@@ -37,21 +37,14 @@ from .dist import (
     DistContext,
     GradientReducer,
     ParamEntry,
+    agree_on_overflow,
     collect_params,
+    grad_scalers,
     load_optimizer,
     save_optimizer,
     trainable_components,
 )
-
-try:  # the out-of-memory-safe update (issue 10, part 1)
-    from .update import UpdatePolicy, lean_update
-except ImportError:  # pragma: no cover - only while update.py is missing
-    UpdatePolicy = None  # type: ignore[assignment,misc]
-
-    def lean_update(nlp, examples, *, drop=0.0, losses=None, exclude=(), annotates=(), policy=None):
-        return nlp.update(
-            list(examples), drop=drop, losses=losses, sgd=False, exclude=exclude, annotates=annotates
-        )
+from .update import lean_update
 
 
 DIR_STATE = "training-state"
@@ -304,6 +297,7 @@ def train(
     reducer.broadcast_values(0)  # identical start, whatever each rank's init did
     loss_names = list(nlp.pipe_names)
     trainable = trainable_components(nlp, exclude=frozen)
+    scalers = grad_scalers(nlp, exclude=frozen)  # mixed precision: steps skipped together
     batches = RankBatches(nlp, train_corpus, T["batcher"], T["max_epochs"], ctx)
     evaluate = make_distributed_evaluation(nlp, dev_corpus, score_weights, ctx)
 
@@ -448,6 +442,7 @@ def train(
             extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
             extras += [step_losses.get(name, 0.0) for name in loss_names]
             summed = reducer.reduce(extras)
+            agree_on_overflow(ctx, scalers)
             for name, proc in trainable:
                 proc.finish_update(optimizer)
             optimizer.step_schedules()

@@ -51,7 +51,7 @@ from spacy.pipeline.transition_parser import Parser
 from spacy.training import Example
 from thinc.api import Model
 
-from ..memory import empty_gpu_caches
+from ..memory import DEFAULT_TRIM_SLACK_MB, HeapTrimmer, empty_gpu_caches
 from ..streaming import cuda_oom_errors
 from .parser_grad import install_exact_parser_gradient
 
@@ -100,6 +100,14 @@ class UpdatePolicy:
         split batch cannot give the whole batch's update for those components.
     learned_limits (Dict[int, int]): padded size of a batch, rounded up to a power of
         two -> micro-batch padded size that worked after running out of memory.
+    trim_heap_slack_mb (Optional[float]): before an update, hand the host memory the
+        earlier steps freed back to the OS once resident memory has crept more than
+        this many MB above its working level (`spacy_lean.memory.HeapTrimmer`); 0 trims
+        before every update (the lowest peak, ~20% fewer words/s on CPU), None never.
+        Without it glibc keeps the freed pages and, as every batch has other tensor
+        shapes, resident memory creeps up step after step (measured on CPU: +183 MB over
+        150 steps, the peak growing with the number of distinct batches seen, so with
+        the corpus size); with the default 64 MB it costs no measurable speed.
     """
 
     max_padded_tokens: Optional[int] = None
@@ -107,6 +115,7 @@ class UpdatePolicy:
     gradient_checkpointing: bool = False
     exact_parser_gradient: bool = True
     learned_limits: Dict[int, int] = field(default_factory=dict)
+    trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB
     # Counters.
     batches: int = 0
     examples: int = 0
@@ -117,6 +126,7 @@ class UpdatePolicy:
     oversize_docs: int = 0
     _get_length: Optional[Callable[[Example], int]] = field(default=None, repr=False, compare=False)
     _warned: Set[str] = field(default_factory=set, repr=False, compare=False)
+    _trimmer: Optional[HeapTrimmer] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_padded_tokens is not None and self.max_padded_tokens < 1:
@@ -124,6 +134,19 @@ class UpdatePolicy:
                 f"max_padded_tokens must be a positive number of padded tokens, got "
                 f"{self.max_padded_tokens}. Use null (None) for no ceiling."
             )
+        if self.trim_heap_slack_mb is not None and self.trim_heap_slack_mb < 0:
+            raise ValueError(
+                f"trim_heap_slack_mb must be >= 0 (MB), got {self.trim_heap_slack_mb}. Use "
+                "0 to trim before every update, null (None) never to trim."
+            )
+
+    def trim_heap(self) -> bool:
+        """Give freed host memory back per `trim_heap_slack_mb`. RETURNS whether it did."""
+        if self.trim_heap_slack_mb is None:
+            return False
+        if self._trimmer is None:
+            self._trimmer = HeapTrimmer(self.trim_heap_slack_mb)
+        return self._trimmer()
 
     @property
     def unit(self) -> str:
@@ -179,6 +202,7 @@ class UpdatePolicy:
             "wordpiece_tokenizer": self.wordpiece_tokenizer,
             "gradient_checkpointing": self.gradient_checkpointing,
             "exact_parser_gradient": self.exact_parser_gradient,
+            "trim_heap_slack_mb": self.trim_heap_slack_mb,
             "learned_limits": {str(k): v for k, v in sorted(self.learned_limits.items())},
         }
         out.update(self.stats())
@@ -461,6 +485,8 @@ def lean_update(
         losses = {}
     if policy is None:
         policy = UpdatePolicy()
+    # The previous step's tensors are freed by now (its optimizer step included).
+    policy.trim_heap()
     exclude = list(exclude)
     annotates = list(annotates)
     if policy.gradient_checkpointing and enable_gradient_checkpointing(nlp) == 0:
