@@ -127,6 +127,7 @@ def evaluate_unit(
         per_component=settings.per_component,
         scorer_cfg=settings.scorer_cfg,
         on_oom=lambda failed, new: oom_events.append((failed, new)),
+        copy_examples=False,  # read here, seen by no one else
     )
     examples = read_examples(nlp, [unit.shard], gold_preproc=settings.gold_preproc, part=unit.part)
     state = evaluator.run(examples)

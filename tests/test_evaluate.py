@@ -455,3 +455,27 @@ def test_evaluation_leaves_the_global_random_state_alone(trf_ner_nlp, gold_docs)
     evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs), batch_size=2)
     assert random.random() == random.Random(3).random()
     assert numpy.random.random() == numpy.random.RandomState(3).random_sample()
+
+
+def test_heap_is_trimmed_after_every_batch_unless_given_a_slack(trf_ner_nlp, gold_docs):
+    """The flattest peak is the default: freed heap pages go back after every batch; a
+    slack (`trim_slack_mb`) trims only past it, `trim_heap=False` never."""
+    import sys
+
+    from spacy_lean.memory import trim_host_memory
+
+    if not sys.platform.startswith("linux") or not trim_host_memory():
+        pytest.skip("needs glibc's malloc_trim")
+    every = StreamingEvaluator(trf_ner_nlp, batch_size=2)
+    every.run(fresh_examples(trf_ner_nlp, gold_docs))
+    assert every.n_batches > 1 and every._trimmer.n_trims == every.n_batches
+    slack = StreamingEvaluator(trf_ner_nlp, batch_size=2, trim_slack_mb=10_000)
+    slack.run(fresh_examples(trf_ner_nlp, gold_docs))
+    assert slack._trimmer.n_trims == 0  # the first batch sets the level; nothing grows 10 GB
+    never = StreamingEvaluator(trf_ner_nlp, batch_size=2, trim_heap=False)
+    never.run(fresh_examples(trf_ner_nlp, gold_docs))
+    assert never._trimmer.n_trims == 0
+    scores = [
+        {k: v for k, v in e.state.result().items() if k != "speed"} for e in (never, every, slack)
+    ]
+    assert scores[0] == scores[1] == scores[2]
