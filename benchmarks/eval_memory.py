@@ -28,6 +28,9 @@ arms run interleaved (order alternating per repeat), so load changes hit both.
     python benchmarks/eval_memory.py              # small model: 300/1200/4800 docs, file and shards;
                                                   # base model: wall-time ratio on 300 docs
     python benchmarks/eval_memory.py --quick      # 20/80/320 docs
+    nice -n 10 python benchmarks/eval_memory.py --timing-size 1200 --timing-repeats 2 \
+        --small-timing-repeats 4                  # the recorded run: wall-time ratios at
+                                                  # 1,200 docs, 5 pairs (small), 2 (base)
 Prints JSON and writes benchmarks/results/eval_memory.json.
 """
 import argparse
@@ -179,13 +182,14 @@ def without_speed(scores: dict) -> dict:
 
 
 def run_series(work, model_kind, model, layouts, data, sizes, arms, repeats, threads, runs,
-               stock_sizes=None):
+               stock_sizes=None, first_repeat=0):
     """Every (layout, size) with every arm, `repeats` times, the arm order alternating
-    (the stock arm only at `stock_sizes`, when given)."""
+    (the stock arm only at `stock_sizes`, when given). Repeats are numbered from
+    `first_repeat` (the wall-time ratios pair the two arms' runs of one repeat)."""
     for layout in layouts:
         for size in sizes:
             these = [a for a in arms if a != STOCK_ARM or not stock_sizes or size in stock_sizes]
-            for rep in range(repeats):
+            for rep in range(first_repeat, first_repeat + repeats):
                 order = these if rep % 2 == 0 else these[::-1]
                 for arm in order:
                     arm_model = ARMS[arm].model(work, model)
@@ -229,6 +233,14 @@ def summarize(runs: List[dict], arms: List[str]) -> dict:
                         for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
                     ]
                     row[arm]["wall_ratio_vs_stock_median"] = statistics.median(pairs)
+                    # The command alone (`app(argv)`): the interpreter start and imports
+                    # before it are the same code in both arms (spaCy's CLI imports
+                    # spacy-lean's entry point either way), so only their noise differs.
+                    row[arm]["command_ratio_vs_stock_median"] = statistics.median(
+                        a["command_seconds"] / b["command_seconds"]
+                        for a in group if a["arm"] == arm
+                        for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
+                    )
                     row[arm]["wall_ratio_vs_stock_of_medians"] = (
                         row[arm]["wall_seconds_median"] / stock["wall_seconds_median"]
                     )
@@ -280,6 +292,10 @@ def main():
     parser.add_argument("--timing-repeats", type=int, default=2,
                         help="runs per arm of the base model's wall-time comparison (0: skip it)")
     parser.add_argument("--timing-size", type=int, default=None, help="docs of that comparison (default: 1x)")
+    parser.add_argument("--small-timing-repeats", type=int, default=0,
+                        help="extra runs per arm of the small model on one file of --timing-size docs, "
+                        "added to that cell of the memory series (its wall-time ratio is the median "
+                        "over all pairs)")
     parser.add_argument("--stock-max-size", type=int, default=None,
                         help="run the stock arm only up to this many docs in the memory series "
                         "(it lists the whole dev set, so it is the slow one; default: every size)")
@@ -305,6 +321,12 @@ def main():
         stock_sizes = [n for n in sizes if args.stock_max_size is None or n <= args.stock_max_size]
         run_series(work, "small", models["small"], ["file", "shards"], data, sizes, args.arms,
                    args.repeats, args.threads, runs, stock_sizes=stock_sizes)
+        size = args.timing_size or n_base
+        if args.small_timing_repeats > 0:
+            if size not in data["file"]:
+                data = build_data(work, n_base, sorted(set(sizes + [size])))
+            run_series(work, "small", models["small"], ["file"], data, [size], args.arms,
+                       args.small_timing_repeats, args.threads, runs, first_repeat=args.repeats)
     if "base" in models and args.timing_repeats > 0:
         size = args.timing_size or n_base
         if size not in data["file"]:

@@ -9,6 +9,8 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - reader_memory: peak and held memory, and speed, by reader;
 - charlm_loader_memory: peak and resident memory by LM data loader;
 - charlm_speed: tokens/s and peak memory, Flair vs spacy-lean, by setting;
+- train_memory: peak RSS against training-corpus and dev-set size, and words/s, by system;
+- spacy_evaluate_memory: peak RSS of `spacy evaluate` against dev-set size, per arm and layout;
 - any other file: bars of each measured quantity (memory, time, speed, ratio...) of
   the first group of two or more named entries found in it; skipped if it has none.
 
@@ -266,6 +268,60 @@ def plot_generic(data: Any) -> plt.Figure:
     return _by_name(groups, [(k, k) for k in keys[:4]], "")
 
 
+def _factor(key: str) -> int:
+    """`train16` -> 16."""
+    return int(re.sub(r"\D", "", key) or 1)
+
+
+def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
+    summary = data["summary"]
+    systems = {k: v for k, v in summary.items() if isinstance(v, dict) and "words_per_s_mean" in v}
+    if not systems:
+        raise SchemaError("summary has no system with measurements")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, key, xlabel, title in (
+        (axes[0], "peak_rss_mb_by_train_size", "training corpus (x its 1x size)",
+         "Peak RSS vs training-corpus size"),
+        (axes[1], "peak_rss_mb_by_dev_size", "dev set (x its 1x size)", "Peak RSS vs dev-set size"),
+    ):
+        xs: Dict[str, List[float]] = {}
+        ys: Dict[str, List[float]] = {}
+        for name, entry in systems.items():
+            points = sorted((_factor(k), v) for k, v in (entry.get(key) or {}).items())
+            if len(points) >= 2:
+                xs[name] = [x for x, _ in points]
+                ys[name] = [y for _, y in points]
+        if not xs:
+            ax.set_visible(False)
+            continue
+        _lines(ax, xs, ys, xlabel, "peak RSS of the command (MB)", title)
+        ax.set_xscale("log", base=2)
+    names = list(systems)
+    _bars(axes[2], names, {"words / s": [systems[n]["words_per_s_mean"] for n in names]},
+          "training words / s", "Training speed (1x corpus)")
+    return fig
+
+
+def plot_spacy_evaluate_memory(data: Dict[str, Any]) -> plt.Figure:
+    fig, ax = plt.subplots(1, 1, figsize=(7, 4.5))
+    xs: Dict[str, List[float]] = {}
+    ys: Dict[str, List[float]] = {}
+    # A later re-run of some arms (on a quieter machine) is drawn beside the first run.
+    reruns = [(key, value) for key, value in data.items() if key.startswith("rerun")]
+    for key, result in [("", data)] + reruns:
+        for layout, arms in result["summary"]["layouts"].items():
+            for arm, entry in arms.items():
+                points = sorted((int(k), v) for k, v in entry["peak_rss_mb"].items())
+                name = f"{arm} ({layout}{', ' + key.replace('_', ' ') if key else ''})"
+                xs[name] = [x for x, _ in points]
+                ys[name] = [y for _, y in points]
+    if not xs:
+        raise SchemaError("summary.layouts is empty")
+    _lines(ax, xs, ys, "dev-set size (docs)", "peak RSS (MB)",
+           "`spacy evaluate` with and without spacy-lean's wrapper")
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "eval_memory": plot_eval_memory,
     "cleaner_memory": plot_cleaner_memory,
@@ -273,6 +329,8 @@ PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "reader_memory": plot_reader_memory,
     "charlm_loader_memory": plot_charlm_loader_memory,
     "charlm_speed": plot_charlm_speed,
+    "train_memory": plot_train_memory,
+    "spacy_evaluate_memory": plot_spacy_evaluate_memory,
 }
 
 

@@ -57,6 +57,8 @@ VARIANTS: Dict[str, str] = {
     "(exact_parser_gradient on, no ceiling: what it changes is the ner weight gradient)",
     "lean_update_spacy_grad": "configs/ner_trf.cfg with spacy-lean.lean_training.v1, "
     "exact_parser_gradient off (should train as 'lean')",
+    "lean_max_length_128": "configs/ner_trf.cfg with the train reader's max_length 128 (shorter "
+    "pieces: fewer sequential ner parser steps per batch)",
 }
 # Batcher size of a variant, as a share of --batch-size.
 SIZE_SHARE = {"lean_size_0.75": 0.75}
@@ -95,6 +97,8 @@ def variant_config(name: str):
             "@callbacks": "spacy-lean.lean_training.v1",
             "exact_parser_gradient": name == "lean_update",
         }
+    if name == "lean_max_length_128":
+        cfg["corpora"]["train"]["max_length"] = 128
     if name.endswith("per_batch_cap"):
         cfg["training"]["batcher"]["padding_scope"] = "batch"
     return cfg

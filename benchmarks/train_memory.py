@@ -9,10 +9,11 @@ logged evaluation (dev evaluations included), read from a JSONL logger given wit
 --code. Final dev F is the last evaluation's ents_f. Runs alternate stock / lean so
 that load changes hit both alike; the load average is recorded.
 
-On a 2-core machine `--nproc 2` shows correctness and overhead, not speed-up: both
-ranks share the 2 cores that 1 process already uses.
+On a 2-core machine with one torch thread per process (the default `--threads 1`),
+`--nproc 2` can use both cores where one process uses one.
 
     nice -n 10 python benchmarks/train_memory.py [--quick]
+    nice -n 10 python benchmarks/train_memory.py --add-factor 64   # then: a 64x corpus, merged in
 """
 import argparse
 import json
@@ -50,6 +51,22 @@ def make_jsonl_logger(path: str):
 
     return setup
 '''
+
+# The heap-trimming arms: `spacy lean train` with the update policy's trimming replaced
+# (the default is a 64 MB slack: `UpdatePolicy.trim_heap_slack_mb`).
+TRIM_PATCHES = {
+    "lean_no_trim": """
+from spacy_lean.training.update import UpdatePolicy
+UpdatePolicy.trim_heap = lambda self: False
+""",
+    "lean_trim_every": """
+from spacy_lean.memory import trim_host_memory
+from spacy_lean.training.update import UpdatePolicy
+UpdatePolicy.trim_heap = lambda self: trim_host_memory()
+""",
+}
+
+TRIM_ARMS = ("lean_trim_slack64", "lean_no_trim", "lean_trim_every")  # the first is `lean` as is
 
 RUNNER = r'''
 import json, resource, subprocess, sys, time
@@ -105,12 +122,12 @@ def bench_config(src: Path, dst: Path, log_path: Path) -> Path:
     return dst
 
 
-def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1):
-    name = f"{kind}-{train_key}-{dev_key}-s{seed}-n{nproc}"
+def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=""):
+    name = f"{kind}-{train_key}-{dev_key}-s{seed}-n{nproc}{tag}"
     out = tmp / name
     log = tmp / f"{name}.jsonl"
-    code = tmp / "bench_logger.py"
-    code.write_text(LOGGER_CODE, encoding="utf8")
+    code = tmp / f"bench_code_{kind}.py"
+    code.write_text(LOGGER_CODE + TRIM_PATCHES.get(kind, ""), encoding="utf8")
     cfg_src = ROOT / "configs" / ("ner_trf_stock.cfg" if kind == "stock" else "ner_trf.cfg")
     cfg = bench_config(cfg_src, tmp / f"{name}.cfg", log)
     spacy_train = kind in ("stock", "lean_cfg_spacy_train")
@@ -129,8 +146,8 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1):
     ]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
-    if kind == "lean_buffer100":
-        command += ["--corpora.train.shuffle_buffer", "100"]
+    if kind == "lean_window100":
+        command += ["--corpora.train.shuffle_buffer", "100", "--training.batcher.window", "100"]
     result_file = tmp / f"{name}.result.json"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     subprocess.run([sys.executable, "-c", RUNNER, str(result_file), *command], env=env, check=True)
@@ -158,6 +175,16 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1):
     }
 
 
+def _growth(by_train, into):
+    """Peak growth from 1x to 16x, and from 16x to each larger size, written into `into`."""
+    if "train1" in by_train and "train16" in by_train:
+        into["rss_growth_1x_to_16x"] = round(by_train["train16"] / by_train["train1"] - 1, 4)
+    if "train16" in by_train:
+        for key in sorted(by_train, key=lambda k: int(k[5:])):
+            if int(key[5:]) > 16:
+                into[f"rss_growth_16x_to_{key[5:]}x"] = round(by_train[key] / by_train["train16"] - 1, 4)
+
+
 def summarize(runs):
     def pick(**kw):
         return [r for r in runs if all(r[k] == v for k, v in kw.items())]
@@ -180,13 +207,21 @@ def summarize(runs):
                 r["dev"]: r["peak_rss_mb"] for r in pick(system=kind, train="train1", seed=0, nproc=1)
             },
         }
-        by_train = summary[kind]["peak_rss_mb_by_train_size"]
-        if "train1" in by_train and "train16" in by_train:
-            summary[kind]["rss_growth_1x_to_16x"] = round(by_train["train16"] / by_train["train1"] - 1, 4)
+        _growth(summary[kind]["peak_rss_mb_by_train_size"], summary[kind])
         by_dev = summary[kind]["peak_rss_mb_by_dev_size"]
         if "dev1" in by_dev and "dev8" in by_dev:
             summary[kind]["rss_growth_dev_1x_to_8x"] = round(by_dev["dev8"] / by_dev["dev1"] - 1, 4)
-    for kind in ("lean_cfg_spacy_train", "lean_buffer100"):
+    for kind in TRIM_ARMS:
+        rows = pick(system=kind)
+        if rows:
+            summary[kind] = {
+                "runs": len(rows),
+                "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
+                "peak_rss_mb_mean": statistics.mean(r["peak_rss_mb"] for r in rows),
+                "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rows),
+                "ents_f": sorted({r["ents_f"] for r in rows}),
+            }
+    for kind in ("lean_cfg_spacy_train", "lean_window100"):
         rows = pick(system=kind)
         if rows:
             summary[kind] = {
@@ -194,9 +229,8 @@ def summarize(runs):
                 "peak_rss_mb_by_train_size": {r["train"]: r["peak_rss_mb"] for r in rows},
                 "ents_f": [r["ents_f"] for r in rows],
             }
-    small = summary.get("lean_buffer100", {}).get("peak_rss_mb_by_train_size", {})
-    if "train1" in small and "train16" in small:
-        summary["lean_buffer100"]["rss_growth_1x_to_16x"] = round(small["train16"] / small["train1"] - 1, 4)
+    if "lean_window100" in summary:
+        _growth(summary["lean_window100"]["peak_rss_mb_by_train_size"], summary["lean_window100"])
     if "stock" in summary and "lean" in summary and summary["stock"]["words_per_s_mean"]:
         summary["lean_vs_stock_words_per_s"] = round(
             summary["lean"]["words_per_s_mean"] / summary["stock"]["words_per_s_mean"], 3
@@ -208,8 +242,9 @@ def summarize(runs):
             "words_per_s_ratio": round(two[0]["words_per_s"] / one[0]["words_per_s"], 3),
             "ents_f_1": one[0]["ents_f"],
             "ents_f_2": two[0]["ents_f"],
-            "note": "2 ranks on the same 2 cores as 1 process: correctness and overhead, not speed-up; "
-            "each rank takes batch_size tokens per step, so 2 ranks train on twice the data per step",
+            "note": "each process runs --threads torch threads (default 1): 2 ranks can use both cores "
+            "where 1 process uses one; each rank takes batch_size tokens per step, so 2 ranks train on "
+            "twice the data per step",
         }
     return summary
 
@@ -226,8 +261,18 @@ def main():
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--only-extra", action="store_true",
                         help="run only the extra arms, keeping the other runs in --output")
+    parser.add_argument("--trim-arms", type=int, default=0, metavar="REPEATS",
+                        help="run only lean, lean_no_trim and lean_trim_every on the 1x corpus (seed 0), "
+                        "this many times each, interleaved, keeping the other runs in --output: what the "
+                        "training updates' heap trimming costs and saves")
+    parser.add_argument("--add-factor", type=int, default=0,
+                        help="run only stock, lean and lean_window100 (seed 0) on a training corpus this "
+                        "many times the 1x, keeping the other runs in --output: past the size that fills "
+                        "the reader's shuffle buffer and the batcher's window, the lean peak stays flat")
     args = parser.parse_args()
     factors, dev_factors = (1, 4, 16), (1, 8)
+    if args.add_factor:
+        factors, dev_factors = (1, args.add_factor), (1,)
     if args.quick:
         args.n_train, args.n_dev, args.steps, args.seeds = 6, 4, 4, 1
     from spacy_lean import synthetic
@@ -239,10 +284,10 @@ def main():
     plan += [("train1", "dev1", 0, 2), ("train4", "dev1", 0, 1)]
     plan += [("train1", "dev1", s, 1) for s in range(1, args.seeds)]
     # The lean config under stock `spacy train` (the loop's cost apart from the data's),
-    # and the lean reader with a shuffle buffer smaller than the 1x corpus (what the
-    # peak is bounded by: the buffer, not the corpus).
-    extra = [("lean_cfg_spacy_train", "train1", "dev1", 0), ("lean_buffer100", "train1", "dev1", 0),
-             ("lean_buffer100", "train16", "dev1", 0)]
+    # and the lean config with a shuffle buffer and a batcher window both smaller than
+    # the 1x corpus (what the peak is bounded by: those two, not the corpus).
+    extra = [("lean_cfg_spacy_train", "train1", "dev1", 0), ("lean_window100", "train1", "dev1", 0),
+             ("lean_window100", "train16", "dev1", 0)]
     with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp_name:
         tmp = Path(tmp_name)
         data = make_data(tmp, args.n_train, args.n_dev, factors, dev_factors)
@@ -257,9 +302,26 @@ def main():
         if args.only_extra:
             jobs = [(kind, t, d, s, 1) for kind, t, d, s in extra]
             old = json.loads(args.output.read_text())
+            args.merged_into = old["command"]
             runs = [r for r in old["runs"] if r["system"] not in {e[0] for e in extra}]
-        for kind, train_key, dev_key, seed, nproc in jobs:
-            run = run_one(kind, tmp, data, train_key, dev_key, seed, args, nproc=nproc)
+        if args.trim_arms:
+            arms = list(TRIM_ARMS)
+            jobs = [(kind, "train1", "dev1", 0, 1, f"-r{rep}") for rep in range(args.trim_arms)
+                    for kind in (arms if rep % 2 == 0 else arms[::-1])]
+            old = json.loads(args.output.read_text())
+            args.merged_into = old["command"]
+            runs = [r for r in old["runs"] if r["system"] not in TRIM_ARMS]
+            words = {**old.get("corpus_words", {}), **words}
+        if args.add_factor:
+            big = f"train{args.add_factor}"
+            jobs = [(kind, big, "dev1", 0, 1) for kind in ("stock", "lean", "lean_window100")]
+            old = json.loads(args.output.read_text())
+            args.merged_into = old["command"]
+            runs = [r for r in old["runs"] if r["train"] != big]
+            words = {**old.get("corpus_words", {}), **words}
+        for kind, train_key, dev_key, seed, nproc, *tag in jobs:
+            tag = "".join(tag)
+            run = run_one(kind, tmp, data, train_key, dev_key, seed, args, nproc=nproc, tag=tag)
             runs.append(run)
             print(json.dumps(run), flush=True)
             save(args, words, runs)
@@ -268,8 +330,13 @@ def main():
 def save(args, words, runs):
     result = {
         "benchmark": "train_memory",
-        "command": "nice -n 10 python benchmarks/train_memory.py" + (" --quick" if args.quick else "")
-        + (" (then --only-extra)" if args.only_extra else ""),
+        # A run merged into an earlier one (--only-extra, --add-factor, --trim-arms)
+        # appends itself to the earlier command.
+        "command": getattr(args, "merged_into", "nice -n 10 python benchmarks/train_memory.py"
+                           + (" --quick" if args.quick else ""))
+        + (" (then --only-extra)" if args.only_extra else "")
+        + (f" (then --add-factor {args.add_factor})" if args.add_factor else "")
+        + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else ""),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "corpus_words": words,
         "machine": {

@@ -487,3 +487,20 @@ def test_plot_draws_the_recorded_results(tmp_path):
     report = _load_plot().main(str(tmp_path), str(tmp_path))
     assert report["skipped"] == {}
     assert len(report["plots"]) == len(recorded)
+
+
+def test_dedicated_plotters_draw_the_recorded_results_without_falling_back():
+    """A dedicated plotter that breaks on its own benchmark's file would be hidden by the
+    generic fallback; each is called directly on the recorded file."""
+    plot = _load_plot()
+    results = ROOT / "benchmarks" / "results"
+    drawn = []
+    for name, plotter in plot.PLOTTERS.items():
+        path = results / f"{name}.json"
+        if path.exists():
+            fig = plotter(json.loads(path.read_text(encoding="utf8")))
+            assert fig.axes
+            plot.plt.close(fig)
+            drawn.append(name)
+    if not drawn:
+        pytest.skip("no recorded results of a benchmark with its own plotter")

@@ -1,0 +1,229 @@
+"""What handing freed heap memory back to the OS costs the streaming evaluation, and
+what it saves: `spacy lean evaluate` with the evaluator's heap trimming policies against
+`spacy evaluate`, each command in a fresh process, on one .spacy file of news-like docs
+(the 2x64 "small" model and data of benchmarks/eval_memory.py, where the loop's own
+costs show most).
+
+Policies (`StreamingEvaluator(trim_heap=..., trim_slack_mb=...)`, set in the child by
+replacing the evaluator's trimmer):
+
+- `slack64`: trim once resident memory has crept > 64 MB above its working level
+  (`trim_slack_mb=64`, `spacy_lean.memory.HeapTrimmer`; the recorded run used its first
+  version, which took the level right after a trim and so trimmed more often);
+- `every_batch`: trim after every batch (`trim_slack_mb=0`, the default);
+- `never`: `trim_heap=False`.
+
+Per run: seconds of the command after imports, user and system CPU seconds, minor page
+faults, peak RSS after the model was loaded (the kernel's mark reset then), number of
+trims. Arms interleaved, order reversed every repeat.
+
+    nice -n 10 python benchmarks/eval_heap_trim.py [--sizes 1200 4800] [--repeats 3 1]
+        [--work-dir DIR]
+
+Prints JSON and writes benchmarks/results/eval_heap_trim.json.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _procmem import proc_status, reset_peak  # noqa: E402
+from eval_memory import build_data, build_model  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "eval_heap_trim.json"
+POLICIES = {"slack64": 64.0, "every_batch": 0.0, "never": None}
+ARMS = ["spacy evaluate"] + [f"spacy lean evaluate ({name})" for name in POLICIES]
+
+
+def child(arm: str, model: str, data: str, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    import spacy.util
+    from spacy.cli._util import app
+
+    import spacy_lean.cli  # noqa: F401
+    from spacy_lean import memory, streaming
+
+    trimmers = []
+    if arm != "spacy evaluate":
+        slack = POLICIES[arm[arm.index("(") + 1 : -1]]
+
+        def make_trimmer(_default_slack):
+            trimmer = memory.HeapTrimmer(slack) if slack is not None else None
+            trimmers.append(trimmer)
+            return trimmer if trimmer is not None else (lambda: False)
+
+        streaming.HeapTrimmer = make_trimmer
+    marks = {}
+    load_model = spacy.util.load_model
+
+    def load_and_mark(*args, **kwargs):
+        nlp = load_model(*args, **kwargs)
+        marks["peak_reset"] = reset_peak()
+        return nlp
+
+    spacy.util.load_model = load_and_mark
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "scores.json"
+        if arm == "spacy evaluate":
+            argv = ["evaluate", model, data, "--output", str(output)]
+        else:
+            argv = ["lean", "evaluate", model, data, "--output", str(output), "--no-progress"]
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr):
+            app(argv, standalone_mode=False)
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        scores = json.loads(output.read_text())
+    scores.pop("speed", None)
+    return {
+        "command_seconds": seconds,
+        "user_seconds": after.ru_utime - before.ru_utime,
+        "system_seconds": after.ru_stime - before.ru_stime,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+        "peak_rss_after_load_mb": proc_status("VmHWM") / 2**20,
+        "peak_reset_after_load": marks.get("peak_reset", False),
+        "trims": sum(t.n_trims for t in trimmers if t is not None),
+        "scores": scores,
+    }
+
+
+def run_child(arm: str, model: Path, data: Path, threads: int) -> dict:
+    env = dict(
+        os.environ, PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads)
+    )
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        arm,
+        str(model),
+        str(data),
+        "--threads",
+        str(threads),
+    ]
+    load = os.getloadavg()[0]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{arm} on {data} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(arm=arm, load_avg_before=load)
+    return result
+
+
+def summarize(runs):
+    summary = {}
+    for size in sorted({r["size"] for r in runs}):
+        row = {}
+        for arm in ARMS:
+            mine = [r for r in runs if r["size"] == size and r["arm"] == arm]
+            if not mine:
+                continue
+            row[arm] = {
+                "command_seconds_median": statistics.median(r["command_seconds"] for r in mine),
+                "cpu_seconds_median": statistics.median(
+                    r["user_seconds"] + r["system_seconds"] for r in mine
+                ),
+                "system_seconds_median": statistics.median(r["system_seconds"] for r in mine),
+                "minor_faults_median": statistics.median(r["minor_faults"] for r in mine),
+                "peak_rss_after_load_mb_max": max(r["peak_rss_after_load_mb"] for r in mine),
+                "trims_median": statistics.median(r["trims"] for r in mine),
+                "n": len(mine),
+            }
+        stock = row.get("spacy evaluate")
+        for arm, entry in row.items():
+            if stock and arm != "spacy evaluate":
+                pairs = [
+                    a["command_seconds"] / b["command_seconds"]
+                    for a in runs
+                    if a["size"] == size and a["arm"] == arm
+                    for b in runs
+                    if b["size"] == size
+                    and b["arm"] == "spacy evaluate"
+                    and b["repeat"] == a["repeat"]
+                ]
+                entry["seconds_ratio_vs_stock_median"] = statistics.median(pairs)
+        scores = {json.dumps(r["scores"], sort_keys=True) for r in runs if r["size"] == size}
+        row["scores_identical"] = len(scores) == 1
+        summary[str(size)] = row
+    return summary
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1200, 4800])
+    parser.add_argument("--repeats", nargs="+", type=int, default=[3, 1], help="per size")
+    parser.add_argument("--base", type=int, default=300, help="distinct docs, tiled to each size")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.threads)))
+        return
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_heap_trim_"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = build_data(work, args.base, sorted(set(args.sizes)))["file"]
+    model = build_model(work, "small")
+    repeats = dict(zip(args.sizes, args.repeats + [args.repeats[-1]] * len(args.sizes)))
+    runs = []
+    started = time.time()
+    for size in args.sizes:
+        for rep in range(repeats[size]):
+            for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
+                result = run_child(arm, model, data[size], args.threads)
+                result.update(size=size, repeat=rep)
+                runs.append(result)
+                print(
+                    f"{size:5d} {arm:36s} {result['command_seconds']:6.1f}s "
+                    f"sys {result['system_seconds']:5.1f}s faults {result['minor_faults']:>8} "
+                    f"peak {result['peak_rss_after_load_mb']:5.0f} MB trims {result['trims']} "
+                    f"load {result['load_avg_before']:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    report = {
+        "benchmark": "eval_heap_trim",
+        "command": "nice -n 10 python "
+        + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "threads_per_run": args.threads,
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "model": "BERT 2 layers x 64 wide (random init, local WordPiece) + ner (30 steps)",
+        "data": f"{args.base} news-like docs tiled to each size, one .spacy file",
+        "seconds_total": time.time() - started,
+        "by_arm": {
+            f"{arm} @ {size}": {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+            for size, row in summarize(runs).items()
+            for arm, entry in row.items()
+            if isinstance(entry, dict)
+        },
+        "summary": summarize(runs),
+        "runs": runs,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
