@@ -492,6 +492,11 @@ def evaluate(
         predictions, less padding computed; see `spacy_lean.trf_batching`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
+    from_path = isinstance(examples, (str, Path))
+    if from_path:
+        from .corpus.sources import list_shards, read_examples
+
+        examples = read_examples(nlp, list_shards(examples))
     evaluator = StreamingEvaluator(
         nlp,
         batch_size=batch_size,
@@ -502,12 +507,8 @@ def evaluate(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
         sort_spans=sort_spans,
+        copy_examples=not from_path,  # examples read here are seen by no one else
     )
-    if isinstance(examples, (str, Path)):
-        from .corpus.sources import list_shards, read_examples
-
-        examples = read_examples(nlp, list_shards(examples))
-        evaluator.copy_examples = False  # read here, seen by no one else
     return evaluator.run(examples).result()
 
 
