@@ -11,6 +11,7 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - charlm_speed: tokens/s and peak memory, Flair vs spacy-lean, by setting;
 - train_memory: peak RSS against training-corpus and dev-set size, and words/s, by system;
 - spacy_evaluate_memory: peak RSS of `spacy evaluate` against dev-set size, per arm and layout;
+- train_accuracy: dev F per variant (mean, min-max over seeds, stock's spread shaded) and CPU s per run;
 - any other file: bars of each measured quantity (memory, time, speed, ratio...) of
   the first group of two or more named entries found in it; skipped if it has none.
 
@@ -322,6 +323,35 @@ def plot_spacy_evaluate_memory(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_train_accuracy(data: Dict[str, Any]) -> plt.Figure:
+    summary = {k: v for k, v in data["summary"].items() if isinstance(v, dict) and "mean" in v}
+    if not summary:
+        raise SchemaError("summary has no variant with a dev F mean")
+    names = list(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    means = [summary[n]["mean"] for n in names]
+    lows = [summary[n]["mean"] - summary[n]["min"] for n in names]
+    highs = [summary[n]["max"] - summary[n]["mean"] for n in names]
+    axes[0].bar(range(len(names)), means, yerr=[lows, highs], capsize=3)
+    for i, mean in enumerate(means):
+        axes[0].annotate(f"{mean:.2f}", (i, mean), ha="center", va="bottom", fontsize=7,
+                         xytext=(0, 8), textcoords="offset points")
+    if "stock" in summary:
+        axes[0].axhspan(summary["stock"]["min"], summary["stock"]["max"], color="grey", alpha=0.2,
+                        label="stock's seed spread")
+        axes[0].legend(fontsize=7)
+    axes[0].set_xticks(range(len(names)))
+    axes[0].set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    lowest = min(entry["min"] for entry in summary.values())
+    axes[0].set_ylim(lowest - 1, max(entry["max"] for entry in summary.values()) + 1)
+    axes[0].set_ylabel("dev ents_f (mean, min-max over seeds)")
+    axes[0].set_title("Dev F per variant", fontsize=10)
+    axes[0].grid(axis="y", alpha=0.3)
+    cpu = [summary[n].get("cpu_seconds_median") for n in names]
+    _bars(axes[1], names, {"CPU s per run (median)": cpu}, "CPU seconds", "Training cost per run")
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "eval_memory": plot_eval_memory,
     "cleaner_memory": plot_cleaner_memory,
@@ -331,6 +361,7 @@ PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "charlm_speed": plot_charlm_speed,
     "train_memory": plot_train_memory,
     "spacy_evaluate_memory": plot_spacy_evaluate_memory,
+    "train_accuracy": plot_train_accuracy,
 }
 
 
