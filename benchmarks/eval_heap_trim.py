@@ -38,7 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _procmem import proc_status, reset_peak  # noqa: E402
-from eval_memory import build_data, build_model  # noqa: E402
+from eval_memory import (  # noqa: E402
+    build_data,
+    build_model,
+    lean_evaluate_argv,
+    spacy_evaluate_argv,
+)
 
 RESULTS = Path(__file__).parent / "results" / "eval_heap_trim.json"
 POLICIES = {"slack64": 64.0, "every_batch": 0.0, "never": None}
@@ -76,10 +81,8 @@ def child(arm: str, model: str, data: str, threads: int) -> dict:
     spacy.util.load_model = load_and_mark
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "scores.json"
-        if arm == "spacy evaluate":
-            argv = ["evaluate", model, data, "--output", str(output)]
-        else:
-            argv = ["lean", "evaluate", model, data, "--output", str(output), "--no-progress"]
+        make_argv = spacy_evaluate_argv if arm == "spacy evaluate" else lean_evaluate_argv
+        argv = make_argv(Path(model), Path(data), output)
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):
@@ -197,6 +200,7 @@ def main():
                     file=sys.stderr,
                     flush=True,
                 )
+    summary = summarize(runs)
     report = {
         "benchmark": "eval_heap_trim",
         "command": "nice -n 10 python "
@@ -213,11 +217,11 @@ def main():
         "seconds_total": time.time() - started,
         "by_arm": {
             f"{arm} @ {size}": {k: v for k, v in entry.items() if isinstance(v, (int, float))}
-            for size, row in summarize(runs).items()
+            for size, row in summary.items()
             for arm, entry in row.items()
             if isinstance(entry, dict)
         },
-        "summary": summarize(runs),
+        "summary": summary,
         "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

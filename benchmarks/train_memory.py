@@ -301,30 +301,31 @@ def main():
         jobs += [(kind, t, d, s, 1) for kind, t, d, s in extra]
         if args.only_extra:
             jobs = [(kind, t, d, s, 1) for kind, t, d, s in extra]
-            old = json.loads(args.output.read_text())
-            args.merged_into = old["command"]
-            runs = [r for r in old["runs"] if r["system"] not in {e[0] for e in extra}]
+            runs, words = merge_into(args, words, lambda r: r["system"] in {e[0] for e in extra})
         if args.trim_arms:
             arms = list(TRIM_ARMS)
             jobs = [(kind, "train1", "dev1", 0, 1, f"-r{rep}") for rep in range(args.trim_arms)
                     for kind in (arms if rep % 2 == 0 else arms[::-1])]
-            old = json.loads(args.output.read_text())
-            args.merged_into = old["command"]
-            runs = [r for r in old["runs"] if r["system"] not in TRIM_ARMS]
-            words = {**old.get("corpus_words", {}), **words}
+            runs, words = merge_into(args, words, lambda r: r["system"] in TRIM_ARMS)
         if args.add_factor:
             big = f"train{args.add_factor}"
             jobs = [(kind, big, "dev1", 0, 1) for kind in ("stock", "lean", "lean_window100")]
-            old = json.loads(args.output.read_text())
-            args.merged_into = old["command"]
-            runs = [r for r in old["runs"] if r["train"] != big]
-            words = {**old.get("corpus_words", {}), **words}
+            runs, words = merge_into(args, words, lambda r: r["train"] == big)
         for kind, train_key, dev_key, seed, nproc, *tag in jobs:
             tag = "".join(tag)
             run = run_one(kind, tmp, data, train_key, dev_key, seed, args, nproc=nproc, tag=tag)
             runs.append(run)
             print(json.dumps(run), flush=True)
             save(args, words, runs)
+
+
+def merge_into(args, words, replaced):
+    """The runs of the earlier results in --output that this run does not replace, and
+    its corpus sizes with this run's; this run's command is noted after the earlier one."""
+    old = json.loads(args.output.read_text())
+    args.merged_into = old["command"]
+    kept = [r for r in old["runs"] if not replaced(r)]
+    return kept, {**old.get("corpus_words", {}), **words}
 
 
 def save(args, words, runs):
