@@ -515,3 +515,45 @@ def test_callback_settings_reach_the_policy(pipeline_dir, exact):
     policy = get_update_policy(nlp)
     assert policy.max_padded_tokens == 300 and policy.exact_parser_gradient is exact
     assert policy.trim_heap_slack_mb == (None if exact else 8.0)
+
+
+def test_spacy_lean_train_uses_the_config_callbacks_policy():
+    """`spacy lean train` updates with the policy a config's lean_training.v1 callback
+    installed (all its settings), `--max-padded-tokens` replacing only the ceiling;
+    without the callback, a default policy with that ceiling."""
+    from spacy_lean.cli.train import update_policy
+
+    config = Config().from_str(
+        f"""
+        [nlp]
+        lang = "en"
+        pipeline = []
+
+        [nlp.after_pipeline_creation]
+        @callbacks = "{CALLBACK_NAME}"
+        max_padded_tokens = 300
+        exact_parser_gradient = false
+        trim_heap_slack_mb = null
+        streaming_evaluate = false
+
+        [components]
+        """
+    )
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True)
+    installed = get_update_policy(nlp)
+    policy = update_policy(nlp)
+    assert policy is installed
+    assert (policy.max_padded_tokens, policy.exact_parser_gradient, policy.trim_heap_slack_mb) == (
+        300, False, None,
+    )
+    policy = update_policy(nlp, 128)
+    assert policy is installed and policy.max_padded_tokens == 128
+    assert policy.exact_parser_gradient is False and policy.trim_heap_slack_mb is None
+    with pytest.raises(ValueError, match="max_padded_tokens must be a positive"):
+        update_policy(nlp, 0)
+    assert installed.max_padded_tokens == 128
+
+    fresh = update_policy(spacy.blank("en"), 64)
+    assert fresh is not installed and fresh.max_padded_tokens == 64
+    assert fresh.exact_parser_gradient is True and fresh.trim_heap_slack_mb == 64.0
+    assert update_policy(spacy.blank("en")).max_padded_tokens is None

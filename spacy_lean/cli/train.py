@@ -6,14 +6,18 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 import typer
 from spacy import util
 from spacy.cli._util import import_code, parse_config_overrides, setup_gpu, show_validation_error
+from spacy.language import Language
 from wasabi import Printer
 
 from . import lean_cli
+
+if TYPE_CHECKING:
+    from ..training.update import UpdatePolicy
 
 
 def parse_gpu_ids(value: Optional[str]) -> List[int]:
@@ -123,6 +127,28 @@ def train_cli(
     )
 
 
+def update_policy(nlp: Language, max_padded_tokens: Optional[int] = None) -> "UpdatePolicy":
+    """The `UpdatePolicy` of a run: the one the config's `spacy-lean.lean_training.v1`
+    callback installed on `nlp` (its ceiling, wordpiece lengths, checkpointing, parser
+    gradient and heap trimming), else the defaults; `--max-padded-tokens`, when given,
+    replaces the ceiling either way.
+
+    nlp (Language): the initialized pipeline.
+    max_padded_tokens (Optional[int]): the command line's ceiling.
+    RETURNS (UpdatePolicy): the policy every update of the run uses.
+    """
+    from ..training.callbacks import get_update_policy
+    from ..training.update import UpdatePolicy
+
+    policy = get_update_policy(nlp)
+    if policy is None:
+        return UpdatePolicy(max_padded_tokens=max_padded_tokens)
+    if max_padded_tokens is not None:
+        UpdatePolicy(max_padded_tokens=max_padded_tokens)  # validates
+        policy.max_padded_tokens = max_padded_tokens
+    return policy
+
+
 def train(
     config_path: Path,
     output_path: Optional[Path] = None,
@@ -183,9 +209,10 @@ def train(
         with show_validation_error(config_path, hint_fill=False), _single_process_view():
             nlp = init_nlp(config, use_gpu=dctx.gpu_id)
         msg.good("Initialized pipeline")
-    from ..training.update import UpdatePolicy
-
-    policy = UpdatePolicy(max_padded_tokens=max_padded_tokens)
+    try:
+        policy = update_policy(nlp, max_padded_tokens)
+    except ValueError as err:
+        msg.fail(str(err), exits=1)
     msg.divider("Training pipeline")
     try:
         dctx.init()
