@@ -6,14 +6,17 @@ Each run is a fresh `python -m spacy ...` process; its peak RSS is the largest
 `ru_maxrss` of the processes it waited for (with --nproc 2: the largest rank, not the
 sum). Words per second are training words over the time from the first to the last
 logged evaluation (dev evaluations included), read from a JSONL logger given with
---code. Final dev F is the last evaluation's ents_f. Runs alternate stock / lean so
-that load changes hit both alike; the load average is recorded.
+--code; words per wall second are the run's training words over the whole command's
+wall time (stock's reader lists the corpus before the first step, outside the first).
+Final dev F is the last evaluation's ents_f. Runs alternate stock / lean so that load
+changes hit both alike; the load average is recorded.
 
 On a 2-core machine with one torch thread per process (the default `--threads 1`),
 `--nproc 2` can use both cores where one process uses one.
 
     nice -n 10 python benchmarks/train_memory.py [--quick]
     nice -n 10 python benchmarks/train_memory.py --add-factor 64   # then: a 64x corpus, merged in
+    nice -n 10 python benchmarks/train_memory.py --speed-arms 3    # then: words/s by piece length and cut
 """
 import argparse
 import json
@@ -67,6 +70,19 @@ UpdatePolicy.trim_heap = lambda self: trim_host_memory()
 }
 
 TRIM_ARMS = ("lean_trim_slack64", "lean_no_trim", "lean_trim_every")  # the first is `lean` as is
+
+# The speed arms (--speed-arms): the lean config with explicit piece lengths and
+# oracle cuts, against stock and the lean config as it is. The ner's transition parser
+# runs as many sequential steps per update as a batch's longest piece, up to its oracle
+# cut (`update_with_oracle_cut_size`, cut at random between half and twice it).
+_CUT = "--components.ner.update_with_oracle_cut_size"
+_LEN = "--corpora.train.max_length"
+SPEED_OVERRIDES = {
+    "lean_len256_cut100": [_LEN, "256", _CUT, "100"],
+    "lean_len256_cut32": [_LEN, "256", _CUT, "32"],
+    "lean_len128_cut100": [_LEN, "128", _CUT, "100"],
+}
+SPEED_ARMS = ("stock", "lean", "lean_len256_cut100", "lean_len256_cut32", "lean_len128_cut100")
 
 RUNNER = r'''
 import json, resource, subprocess, sys, time
@@ -148,6 +164,7 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         command += ["--nproc", str(nproc)]
     if kind == "lean_window100":
         command += ["--corpora.train.shuffle_buffer", "100", "--training.batcher.window", "100"]
+    command += SPEED_OVERRIDES.get(kind, [])
     result_file = tmp / f"{name}.result.json"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     subprocess.run([sys.executable, "-c", RUNNER, str(result_file), *command], env=env, check=True)
@@ -169,6 +186,7 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         "cpu_s": round(result["cpu_s"], 1),
         "words": last["words"],
         "words_per_s": round((last["words"] - first["words"]) / seconds, 1) if seconds > 0 else None,
+        "words_per_wall_s": round(last["words"] / result["wall_s"], 1),
         "ents_f": last["scores"].get("ents_f"),
         "steps": last["step"],
         "loadavg_after": os.getloadavg(),
@@ -185,9 +203,17 @@ def _growth(by_train, into):
                 into[f"rss_growth_16x_to_{key[5:]}x"] = round(by_train[key] / by_train["train16"] - 1, 4)
 
 
+def _per_wall_s(run):
+    """Training words per second of the whole command (start-up, initialization, reading
+    the corpus, training, evaluations and saving): what a user waits for. Stock's reader
+    lists the corpus before the first step, so `words_per_s` (between the first and the
+    last logged evaluation) leaves that out; this does not."""
+    return run.get("words_per_wall_s") or run["words"] / run["wall_s"]
+
+
 def summarize(runs):
-    def pick(**kw):
-        return [r for r in runs if all(r[k] == v for k, v in kw.items())]
+    def pick(group=None, **kw):
+        return [r for r in runs if r.get("group") == group and all(r[k] == v for k, v in kw.items())]
 
     summary = {}
     for kind in ("stock", "lean"):
@@ -200,6 +226,10 @@ def summarize(runs):
             "ents_f_spread": [min(fs), max(fs)],
             "seeds": len(fs),
             "words_per_s_mean": statistics.mean(r["words_per_s"] for r in seeds),
+            "words_per_wall_s_mean": statistics.mean(_per_wall_s(r) for r in seeds),
+            "words_per_wall_s_by_train_size": {
+                r["train"]: round(_per_wall_s(r), 1) for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
+            },
             "peak_rss_mb_by_train_size": {
                 r["train"]: r["peak_rss_mb"] for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
             },
@@ -235,6 +265,36 @@ def summarize(runs):
         summary["lean_vs_stock_words_per_s"] = round(
             summary["lean"]["words_per_s_mean"] / summary["stock"]["words_per_s_mean"], 3
         )
+        summary["lean_vs_stock_words_per_wall_s"] = round(
+            summary["lean"]["words_per_wall_s_mean"] / summary["stock"]["words_per_wall_s_mean"], 3
+        )
+        by_size = {}
+        for size, value in summary["lean"]["words_per_wall_s_by_train_size"].items():
+            stock_value = summary["stock"]["words_per_wall_s_by_train_size"].get(size)
+            if stock_value:
+                by_size[size] = round(value / stock_value, 3)
+        summary["lean_vs_stock_words_per_wall_s_by_train_size"] = by_size
+    speed = {}
+    for kind in SPEED_ARMS:
+        rows = pick(group="speed", system=kind)
+        if rows:
+            fs = [r["ents_f"] or 0.0 for r in rows]
+            speed[kind] = {
+                "runs": len(rows),
+                "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
+                "words_per_s_spread": [min(r["words_per_s"] for r in rows),
+                                       max(r["words_per_s"] for r in rows)],
+                "words_per_wall_s_mean": statistics.mean(_per_wall_s(r) for r in rows),
+                "ents_f_mean": statistics.mean(fs),
+                "ents_f_spread": [min(fs), max(fs)],
+                "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rows),
+            }
+    if "stock" in speed:
+        for kind, row in speed.items():
+            row["words_per_s_vs_stock"] = round(row["words_per_s_mean"] / speed["stock"]["words_per_s_mean"], 3)
+            row["words_per_wall_s_vs_stock"] = round(
+                row["words_per_wall_s_mean"] / speed["stock"]["words_per_wall_s_mean"], 3)
+        summary["speed_arms"] = speed
     two = pick(system="lean", nproc=2)
     one = pick(system="lean", train="train1", dev="dev1", seed=0, nproc=1)
     if two and one:
@@ -269,8 +329,15 @@ def main():
                         help="run only stock, lean and lean_window100 (seed 0) on a training corpus this "
                         "many times the 1x, keeping the other runs in --output: past the size that fills "
                         "the reader's shuffle buffer and the batcher's window, the lean peak stays flat")
+    parser.add_argument("--speed-arms", type=int, default=0, metavar="SEEDS",
+                        help="run only the SPEED_ARMS (stock, the lean config, and the lean config with "
+                        "explicit piece lengths and oracle cuts) on the 1x corpus with this many seeds, "
+                        "interleaved, keeping the other runs in --output: words/s and dev F against the "
+                        "ner parser's sequential steps")
     args = parser.parse_args()
     factors, dev_factors = (1, 4, 16), (1, 8)
+    if args.speed_arms:
+        factors, dev_factors = (1,), (1,)
     if args.add_factor:
         factors, dev_factors = (1, args.add_factor), (1,)
     if args.quick:
@@ -307,6 +374,11 @@ def main():
             jobs = [(kind, "train1", "dev1", 0, 1, f"-r{rep}") for rep in range(args.trim_arms)
                     for kind in (arms if rep % 2 == 0 else arms[::-1])]
             runs, words = merge_into(args, words, lambda r: r["system"] in TRIM_ARMS)
+        if args.speed_arms:
+            arms = list(SPEED_ARMS)
+            jobs = [(kind, "train1", "dev1", seed, 1, "-speed") for seed in range(args.speed_arms)
+                    for kind in (arms if seed % 2 == 0 else arms[::-1])]
+            runs, words = merge_into(args, words, lambda r: r.get("group") == "speed")
         if args.add_factor:
             big = f"train{args.add_factor}"
             jobs = [(kind, big, "dev1", 0, 1) for kind in ("stock", "lean", "lean_window100")]
@@ -314,6 +386,8 @@ def main():
         for kind, train_key, dev_key, seed, nproc, *tag in jobs:
             tag = "".join(tag)
             run = run_one(kind, tmp, data, train_key, dev_key, seed, args, nproc=nproc, tag=tag)
+            if tag == "-speed":
+                run["group"] = "speed"
             runs.append(run)
             print(json.dumps(run), flush=True)
             save(args, words, runs)
@@ -337,7 +411,8 @@ def save(args, words, runs):
                            + (" --quick" if args.quick else ""))
         + (" (then --only-extra)" if args.only_extra else "")
         + (f" (then --add-factor {args.add_factor})" if args.add_factor else "")
-        + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else ""),
+        + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else "")
+        + (f" (then --speed-arms {args.speed_arms})" if args.speed_arms else ""),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "corpus_words": words,
         "machine": {
