@@ -7,18 +7,23 @@ costs show most).
 Policies (`StreamingEvaluator(trim_heap=..., trim_slack_mb=...)`, set in the child by
 replacing the evaluator's trimmer):
 
-- `slack64`: trim once resident memory has crept > 64 MB above its working level
-  (`trim_slack_mb=64`, `spacy_lean.memory.HeapTrimmer`; the recorded run used its first
-  version, which took the level right after a trim and so trimmed more often);
 - `every_batch`: trim after every batch (`trim_slack_mb=0`, the default);
-- `never`: `trim_heap=False`.
+- `slack16`, `slack32`, `slack64`: trim once resident memory has crept more than that
+  many MB above its working level, re-measured at the first batch after each trim
+  (`spacy_lean.memory.HeapTrimmer`);
+- `min_level32`: the same with a working level that never rises (the lowest level
+  measured after any trim), so the peak cannot drift up trim after trim;
+- `never`: `trim_heap=False`;
+- `mmap_1mb`, `mmap_4mb`: never trim, but fix glibc's mmap threshold (`mallopt
+  (M_MMAP_THRESHOLD)`, which otherwise rises up to 32 MB as large blocks are freed), so
+  every block that large is its own mapping, unmapped when freed.
 
 Per run: seconds of the command after imports, user and system CPU seconds, minor page
 faults, peak RSS after the model was loaded (the kernel's mark reset then), number of
 trims. Arms interleaved, order reversed every repeat.
 
     nice -n 10 python benchmarks/eval_heap_trim.py [--sizes 1200 4800] [--repeats 3 1]
-        [--work-dir DIR]
+        [--policies every_batch slack32 ...] [--work-dir DIR]
 
 Prints JSON and writes benchmarks/results/eval_heap_trim.json.
 """
@@ -46,8 +51,40 @@ from eval_memory import (  # noqa: E402
 )
 
 RESULTS = Path(__file__).parent / "results" / "eval_heap_trim.json"
-POLICIES = {"slack64": 64.0, "every_batch": 0.0, "never": None}
+# name -> (slack MB or None for never, lowest-level mode, fixed mmap threshold MB)
+POLICIES = {
+    "every_batch": (0.0, False, None),
+    "slack16": (16.0, False, None),
+    "slack32": (32.0, False, None),
+    "slack64": (64.0, False, None),
+    "min_level32": (32.0, True, None),
+    "never": (None, False, None),
+    "mmap_1mb": (None, False, 1),
+    "mmap_4mb": (None, False, 4),
+}
 ARMS = ["spacy evaluate"] + [f"spacy lean evaluate ({name})" for name in POLICIES]
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def lowest_level_trimmer(memory, slack_mb: float):
+    """A HeapTrimmer whose working level is the lowest measured after any trim."""
+
+    class LowestLevelTrimmer(memory.HeapTrimmer):
+        base = None
+
+        def __call__(self) -> bool:
+            now = memory.resident_bytes()
+            if self.floor is None:
+                self.floor = now
+                self.base = now if self.base is None else min(self.base, now)
+                return False
+            if now <= self.base + self.slack or not memory.trim_host_memory():
+                return False
+            self.n_trims += 1
+            self.floor = None
+            return True
+
+    return LowestLevelTrimmer(slack_mb)
 
 
 def child(arm: str, model: str, data: str, threads: int) -> dict:
@@ -62,10 +99,19 @@ def child(arm: str, model: str, data: str, threads: int) -> dict:
 
     trimmers = []
     if arm != "spacy evaluate":
-        slack = POLICIES[arm[arm.index("(") + 1 : -1]]
+        slack, lowest, mmap_mb = POLICIES[arm[arm.index("(") + 1 : -1]]
+        if mmap_mb is not None:
+            import ctypes
+
+            ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, mmap_mb * 2**20)
 
         def make_trimmer(_default_slack):
-            trimmer = memory.HeapTrimmer(slack) if slack is not None else None
+            if slack is None:
+                trimmer = None
+            elif lowest:
+                trimmer = lowest_level_trimmer(memory, slack)
+            else:
+                trimmer = memory.HeapTrimmer(slack)
             trimmers.append(trimmer)
             return trimmer if trimmer is not None else (lambda: False)
 
@@ -174,8 +220,12 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
+                        help="the lean arms to run (with spacy evaluate)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global ARMS
+    ARMS = ["spacy evaluate"] + [f"spacy lean evaluate ({name})" for name in args.policies]
     if args.child:
         print(json.dumps(child(*args.child, args.threads)))
         return
@@ -224,6 +274,10 @@ def main():
         "summary": summary,
         "runs": runs,
     }
+    if args.output.exists():  # what an earlier run recorded beside its own runs stays
+        old = json.loads(args.output.read_text())
+        report.update({k: v for k, v in old.items() if k not in report and k != "previous_run"})
+        report["previous_run"] = {k: old[k] for k in ("command", "summary", "runs") if k in old}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print(json.dumps(report["summary"], indent=2))

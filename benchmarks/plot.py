@@ -12,6 +12,7 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - train_memory: peak RSS against training-corpus and dev-set size, and words/s, by system;
 - spacy_evaluate_memory: peak RSS of `spacy evaluate` against dev-set size, per arm and layout;
 - train_accuracy: dev F per variant (mean, min-max over seeds, stock's spread shaded) and CPU s per run;
+- eval_heap_trim: peak RSS, minor page faults and CPU seconds per heap-trimming policy and size;
 - any other file: bars of each measured quantity (memory, time, speed, ratio...) of
   the first group of two or more named entries found in it; skipped if it has none.
 
@@ -297,9 +298,14 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
             continue
         _lines(ax, xs, ys, xlabel, "peak RSS of the command (MB)", title)
         ax.set_xscale("log", base=2)
-    names = list(systems)
-    _bars(axes[2], names, {"words / s": [systems[n]["words_per_s_mean"] for n in names]},
-          "training words / s", "Training speed (1x corpus)")
+    # The speed arms (--speed-arms: interleaved seeds, one run at a time) beside the rest.
+    speed = {f"{k} (speed arms)": v for k, v in (summary.get("speed_arms") or {}).items()}
+    bars = {**systems, **speed}
+    names = list(bars)
+    speeds = {"between the first and last evaluation": [bars[n]["words_per_s_mean"] for n in names]}
+    if any("words_per_wall_s_mean" in bars[n] for n in names):
+        speeds["whole command"] = [bars[n].get("words_per_wall_s_mean") for n in names]
+    _bars(axes[2], names, speeds, "training words / s", "Training speed (1x corpus)", fmt="{:,.0f}")
     return fig
 
 
@@ -352,7 +358,35 @@ def plot_train_accuracy(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_eval_heap_trim(data: Dict[str, Any]) -> plt.Figure:
+    """Per heap-trimming policy: peak RSS, minor page faults and CPU seconds at each size."""
+    summary = data["summary"]
+    sizes = sorted(summary, key=int)
+    arms = [a for a in summary[sizes[0]] if isinstance(summary[sizes[0]][a], dict)]
+    if not arms:
+        raise SchemaError("summary has no arms")
+    names = [a.replace("spacy lean evaluate (", "").rstrip(")") for a in arms]
+
+    def series(key, scale=1.0):
+        return {
+            f"{int(size):,} docs": [
+                (summary[size][a][key] / scale) if a in summary[size] else None for a in arms
+            ]
+            for size in sizes
+        }
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    _bars(axes[0], names, series("peak_rss_after_load_mb_max"), "MB",
+          "Peak RSS after the model loaded", fmt="{:.0f}")
+    _bars(axes[1], names, series("minor_faults_median", 1e6), "million", "Minor page faults",
+          fmt="{:.2f}")
+    _bars(axes[2], names, series("cpu_seconds_median"), "s", "CPU seconds (user + system)",
+          fmt="{:.0f}")
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
+    "eval_heap_trim": plot_eval_heap_trim,
     "eval_memory": plot_eval_memory,
     "cleaner_memory": plot_cleaner_memory,
     "padding": plot_padding,

@@ -262,12 +262,16 @@ class StreamingEvaluator:
             (never trimming, or trimming every 4 batches, let the peak creep up with the
             number of batches: +5-6.5% from 1,200 to 4,800 docs).
         trim_slack_mb (float): trim only once resident memory has crept more than this
-            many MB above its working level (`spacy_lean.memory.HeapTrimmer`). 0 (the
-            default) trims after every batch: the lowest and flattest peak. A slack saves
-            page faults (64 MB: 6% less CPU time on a 2-layer, 64-wide model) but lets the
-            peak drift up by up to the slack as the batches go by (measured: +2.8% instead
-            of +1.6% from 1,200 to 4,800 docs with `spacy lean evaluate`, +5.1% under
-            `spacy evaluate`).
+            many MB above its working level (`spacy_lean.memory.HeapTrimmer`; the level
+            is measured at the batch after each trim). 0 (the default) trims after every
+            batch: the lowest and flattest peak, at the cost of faulting every batch's
+            memory in again. Measured (`benchmarks/eval_heap_trim.py`, 2-layer 64-wide
+            model, one file, 1,200 -> 4,800 docs): after every batch 513 -> 519 MB
+            (+1.2%); 16 MB 531 -> 540 MB (+1.7%) with 61% fewer page faults and ~10% less
+            CPU time at 1,200 docs; 32 MB +3.0%; 64 MB +5.0%; never +4.6%. The slack's
+            peak rises with the model: 16 MB raised a 4-layer 256-wide model's from
+            632 to 700 MB (`benchmarks/eval_memory.py`), the batches' freed pages held
+            fragmented between trims.
         copy_examples (bool): pipe copies of the predicted docs, as `Language.evaluate`
             does, so the caller's examples are left untouched. False saves a copy per
             doc where the examples belong to the evaluator alone (as those made by
