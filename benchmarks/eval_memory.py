@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _devsets import write_tiled  # noqa: E402

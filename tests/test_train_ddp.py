@@ -254,7 +254,33 @@ def test_a_dying_rank_stops_the_run(died):
     assert proc.returncode == 3
     assert "Rank 1 of 2 exited with code 3" in " ".join((proc.stdout + proc.stderr).split())
     assert proc.seconds < 120
-    assert srsly.read_json(out / "training-state" / "state.json")["step"] == 2
+    state = srsly.read_json(out / "training-state" / "state.json")
+    assert state["step"] == 2
+    # Each rank's update policy is saved with the checkpoint (its learned limits are
+    # restored on resume).
+    assert [r["update_policy"]["batches"] for r in state["ranks"]] == [3, 3]
+    assert all(r["update_policy"]["learned_limits"] == {} for r in state["ranks"])
+
+
+def test_resume_restores_the_smallest_learned_limits():
+    """On resume, each padded size gets the smallest micro-batch limit any saved rank
+    learned; the resumed run's settings are kept; states saved before the policy was
+    saved (no entry) resume with nothing learned."""
+    from spacy_lean.training import UpdatePolicy
+    from spacy_lean.training.loop import restore_learned_limits
+
+    saved = [
+        {"update_policy": UpdatePolicy(learned_limits={1024: 512, 4096: 2048}).to_dict()},
+        {"update_policy": UpdatePolicy(learned_limits={1024: 256}).to_dict()},
+        {},
+    ]
+    policy = UpdatePolicy(max_padded_tokens=3000, learned_limits={4096: 1024})
+    restore_learned_limits(policy, saved)
+    assert policy.learned_limits == {1024: 256, 4096: 1024}
+    assert policy.max_padded_tokens == 3000
+    fresh = UpdatePolicy()
+    restore_learned_limits(fresh, [{}])
+    assert fresh.learned_limits == {}
 
 
 @pytest.mark.slow

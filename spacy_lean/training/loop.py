@@ -44,7 +44,8 @@ from .dist import (
     save_optimizer,
     trainable_components,
 )
-from .update import lean_update
+from .callbacks import get_update_policy
+from .update import UpdatePolicy, lean_update
 
 
 DIR_STATE = "training-state"
@@ -251,6 +252,24 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     return state
 
 
+def restore_learned_limits(policy: UpdatePolicy, ranks: Sequence[Dict[str, Any]]) -> None:
+    """Give a resumed run the micro-batch limits the saved ranks learned after running
+    out of memory: for each padded size, the smallest any rank learned (on any number of
+    ranks, each rank then starts where the most constrained one was). The settings stay
+    those of the resumed run's config and command line.
+
+    policy (UpdatePolicy): the resumed run's policy; modified in place.
+    ranks (Sequence[dict]): the saved state's per-rank entries.
+    """
+    for saved in ranks:
+        learned = (saved.get("update_policy") or {}).get("learned_limits") or {}
+        for bucket, limit in learned.items():
+            bucket, limit = int(bucket), int(limit)
+            known = policy.learned_limits.get(bucket)
+            if known is None or limit < known:
+                policy.learned_limits[bucket] = limit
+
+
 # -- the loop ----------------------------------------------------------------------
 
 
@@ -272,10 +291,15 @@ def train(
     ctx (DistContext): this rank's place in the run (None: one process).
     resume (Optional[dict]): a state from `read_training_state` (its model already
         loaded into `nlp`).
-    policy (Optional[UpdatePolicy]): settings of `lean_update`.
+    policy (Optional[UpdatePolicy]): settings and learned state of `lean_update`; None
+        for the one a `spacy-lean.lean_training.v1` callback installed on `nlp`, else
+        the defaults. Its learned micro-batch limits are saved with each checkpoint
+        and restored on resume.
     RETURNS (Tuple[Language, Optional[Path]]): the pipeline and model-last's path.
     """
     ctx = ctx if ctx is not None else DistContext()
+    if policy is None:
+        policy = get_update_policy(nlp) or UpdatePolicy()
     msg = Printer(no_print=True)
     config = nlp.config.interpolate()
     if config["training"]["seed"] is not None:
@@ -327,6 +351,7 @@ def train(
             done = sum(int(r["examples"]) + int(r.get("skipped", 0)) for r in ranks)
             skip_examples = done // ctx.world_size
             rank_resume = ranks[ctx.rank] if ctx.rank < len(ranks) else ranks[0]
+        restore_learned_limits(policy, ranks)
         random.setstate(_tupled(rank_resume["epoch_random"]))
         rng = getattr(T["batcher"], "rng", None)
         if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
@@ -351,6 +376,7 @@ def train(
             "epoch_random": batches.epoch_random,
             "batcher_rng": batches.batcher_rng,
             "rng": _rng_states(),
+            "update_policy": policy.to_dict(),
         }
         ranks = ctx.all_gather_json(mine)
         if ctx.is_main and output_path is not None:
