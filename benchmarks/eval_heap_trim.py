@@ -73,16 +73,12 @@ def lowest_level_trimmer(memory, slack_mb: float):
         base = None
 
         def __call__(self) -> bool:
-            now = memory.resident_bytes()
-            if self.floor is None:
-                self.floor = now
-                self.base = now if self.base is None else min(self.base, now)
-                return False
-            if now <= self.base + self.slack or not memory.trim_host_memory():
-                return False
-            self.n_trims += 1
-            self.floor = None
-            return True
+            measuring = self.floor is None
+            trimmed = super().__call__()
+            if measuring and self.floor is not None:  # it just measured the level
+                self.base = self.floor if self.base is None else min(self.base, self.floor)
+                self.floor = self.base
+            return trimmed
 
     return LowestLevelTrimmer(slack_mb)
 

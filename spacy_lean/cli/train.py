@@ -140,9 +140,7 @@ def update_policy(nlp: Language, max_padded_tokens: Optional[int] = None) -> "Up
     from ..training.callbacks import get_update_policy
     from ..training.update import UpdatePolicy
 
-    policy = get_update_policy(nlp)
-    if policy is None:
-        return UpdatePolicy(max_padded_tokens=max_padded_tokens)
+    policy = get_update_policy(nlp) or UpdatePolicy()
     if max_padded_tokens is not None:
         UpdatePolicy(max_padded_tokens=max_padded_tokens)  # validates
         policy.max_padded_tokens = max_padded_tokens

@@ -264,10 +264,7 @@ def restore_learned_limits(policy: UpdatePolicy, ranks: Sequence[Dict[str, Any]]
     for saved in ranks:
         learned = (saved.get("update_policy") or {}).get("learned_limits") or {}
         for bucket, limit in learned.items():
-            bucket, limit = int(bucket), int(limit)
-            known = policy.learned_limits.get(bucket)
-            if known is None or limit < known:
-                policy.learned_limits[bucket] = limit
+            policy.learn(int(bucket), int(limit))  # keeps the smaller of two limits
 
 
 # -- the loop ----------------------------------------------------------------------
