@@ -1,4 +1,6 @@
 """Availability flags for optional dependencies, in one place."""
+import importlib.util
+
 try:  # pragma: no cover - depends on the environment
     import torch  # noqa: F401
 
@@ -31,12 +33,9 @@ try:  # pragma: no cover
 except ImportError:  # pragma: no cover
     has_curated_transformers = False
 
-try:  # pragma: no cover
-    import ray  # noqa: F401
-
-    has_ray = True
-except ImportError:  # pragma: no cover
-    has_ray = False
+# Ray is found, not imported: importing it takes about a second, and spaCy imports
+# this package for every `spacy` command (through the `spacy_cli` entry point).
+has_ray = importlib.util.find_spec("ray") is not None
 
 
 def require(flag: bool, package: str, extra: str) -> None:

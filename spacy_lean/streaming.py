@@ -33,6 +33,7 @@ from ._compat import has_cupy, has_torch
 # Data is read by spacy_lean.corpus.sources; its error stays importable from here.
 from .corpus.sources import CorruptShardError  # noqa: F401
 from .memory import HeapTrimmer, empty_gpu_caches
+from .trf_align import fast_alignment
 from .trf_batching import sorted_span_groups
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
@@ -335,7 +336,7 @@ class StreamingEvaluator:
         if not isinstance(examples, Iterable):
             raise TypeError(Errors.E978.format(name="Language.evaluate", types=type(examples)))
         groups = sorted_span_groups(self.nlp) if self.sort_spans else contextlib.nullcontext()
-        with _global_rng_untouched(), groups:
+        with _global_rng_untouched(), fast_alignment(), groups:
             return self._run(examples, skip, on_window)
 
     def _run(self, examples, skip, on_window):

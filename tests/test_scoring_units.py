@@ -20,6 +20,7 @@ from spacy_lean.scoring import (
     make_pipeline_state,
     register_twin,
 )
+from spacy_lean.scoring.base import IdentityAlignment, aligned_x2y
 from spacy_lean.scoring.deps import lower_dep_getter
 from spacy_lean.scoring.testing import assert_scores_equal
 
@@ -539,3 +540,35 @@ def test_twin_from_entry_point_group(monkeypatch):
     got.pop("speed")
     assert_scores_equal(Scorer(nlp).score(examples), got)
     assert got["ents_per_type"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "Bank", "İ", "é", " ", "\n", ",", "don't", "x" * 9]),
+                  st.booleans()),
+        min_size=0, max_size=25,
+    ),
+    st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_aligned_x2y_is_spacys_alignment(words, merge):
+    """The identity shortcut (same tokens on both sides) gives what spaCy's character
+    alignment gives, and other tokenizations fall back to spaCy's."""
+    vocab = spacy.blank("en").vocab
+    texts = [w for w, _ in words]
+    spaces = [s and not w.isspace() for w, s in words]
+    reference = Doc(vocab, words=texts, spaces=spaces)
+    predicted = Doc(vocab, words=texts, spaces=spaces)
+    if merge and len(reference) > 1:
+        with reference.retokenize() as retok:
+            retok.merge(reference[0:2])
+    eg = Example(predicted, reference)
+    ours = aligned_x2y(eg)
+    assert isinstance(ours, IdentityAlignment) == (not merge or len(predicted) <= 1)
+    theirs = eg.alignment.x2y
+    assert list(ours.lengths) == list(theirs.lengths)
+    assert list(ours.data) == list(theirs.data)
+    for start in range(len(predicted)):
+        assert list(ours[start]) == list(theirs[start])
+        for end in range(start, len(predicted) + 1):
+            assert list(ours[start:end]) == list(theirs[start:end])

@@ -6,6 +6,8 @@ to its own (`merge`), turns its counts into the numbers spaCy's scorer reports
 """
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy
+from spacy.attrs import LENGTH, ORTH
 from spacy.scorer import PRFScore
 from spacy.training import Example
 
@@ -178,6 +180,46 @@ def describe_value(value: Any) -> Any:
 
 def is_default_getter(getter: Optional[Any]) -> bool:
     return getter is None or getter is getattr
+
+
+class IdentityAlignment:
+    """The `x2y` (or `y2x`) alignment array of an example whose predicted and
+    reference docs have the same tokens: token i aligns with token i alone. Indexes
+    like spaCy's `AlignmentArray` (an int or a slice gives an int32 array)."""
+
+    def __init__(self, n: int) -> None:
+        self.data = numpy.arange(n, dtype="int32")
+        self.lengths = numpy.ones((n,), dtype="int32")
+        self.starts = self.data
+        self.ends = self.data + 1
+
+    def __getitem__(self, idx: Any) -> numpy.ndarray:
+        if isinstance(idx, slice):
+            if not (idx.step is None or idx.step == 1):
+                raise ValueError("Only slices with step 1 are supported.")
+            return self.data[idx]
+        return self.data[idx : idx + 1] if idx != -1 else self.data[idx:]
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+
+def aligned_x2y(example: Example) -> Any:
+    """`example.alignment.x2y`, without aligning when the predicted and reference docs
+    have the same tokens (the usual case: the pipeline's tokenizer made both), which
+    spaCy would find by walking both docs' characters in Python.
+
+    Tokens are the same when both docs have the same token strings (their ORTH ids)
+    and none is empty; spaCy's character alignment is then the identity.
+    """
+    pred, ref = example.predicted, example.reference
+    if len(pred) == len(ref):
+        if len(pred) == 0:
+            return IdentityAlignment(0)
+        ours = pred.to_array([ORTH, LENGTH])
+        if numpy.array_equal(ours, ref.to_array([ORTH, LENGTH])) and ours[:, 1].min() > 0:
+            return IdentityAlignment(len(pred))
+    return example.alignment.x2y
 
 
 Counts = Tuple[int, int, int]

@@ -9,6 +9,7 @@ from spacy.tokens import Doc
 from spacy.training import Example
 
 from .base import (
+    aligned_x2y,
     ScoreState,
     merge_ordered_prf,
     per_type_from_list,
@@ -140,7 +141,7 @@ class NERState(ScoreState):
             # matched), so unmatched labels are met in the same order.
             golds = {(e.label_, e.start, e.end) for e in gold_doc.ents}
             iob = gold_doc.to_array(ENT_IOB).reshape((len(gold_doc),))
-            x2y = eg.alignment.x2y
+            x2y = aligned_x2y(eg)
             for ent in eg.predicted.ents:
                 label = ent.label_
                 prf = per_type.get(label)

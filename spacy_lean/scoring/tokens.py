@@ -16,6 +16,7 @@ from spacy.tokens import Doc, Token
 from spacy.training import Example
 
 from .base import (
+    aligned_x2y,
     ScoreState,
     merge_ordered_prf,
     per_type_from_list,
@@ -80,7 +81,7 @@ def aligned_single(example: Example) -> Tuple[numpy.ndarray, numpy.ndarray]:
 
     RETURNS (Tuple[ndarray, ndarray]): bool mask and int64 gold indices.
     """
-    x2y = example.alignment.x2y
+    x2y = aligned_x2y(example)
     single = numpy.asarray(x2y.lengths) == 1
     gold_i = numpy.full(single.shape[0], -1, dtype=numpy.int64)
     if single.any():
@@ -134,7 +135,7 @@ class TokenizationState(ScoreState):
             pred, pred_keep = self._spans(eg.predicted)
             gold_parts.append(gold)
             pred_parts.append(pred)
-            lengths.append(numpy.asarray(eg.alignment.x2y.lengths)[pred_keep])
+            lengths.append(numpy.asarray(aligned_x2y(eg).lengths)[pred_keep])
             for spans in (gold, pred):
                 if spans.shape[0]:
                     base = max(base, int(spans[:, 1].max()) + 1)

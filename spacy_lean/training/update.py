@@ -53,6 +53,7 @@ from thinc.api import Model
 
 from ..memory import DEFAULT_TRIM_SLACK_MB, HeapTrimmer, empty_gpu_caches
 from ..streaming import cuda_oom_errors
+from ..trf_align import fast_alignment
 from .parser_grad import install_exact_parser_gradient
 
 # Components whose update was checked: the gradient is a sum over the batch, the loss
@@ -511,10 +512,12 @@ def lean_update(
         failed: Optional[List[int]] = None
         progress: Dict[str, List[int]] = {}
         try:
-            _update_groups(
-                nlp, examples, groups, state, losses, policy, progress,
-                drop=drop, exclude=exclude, annotates=annotates, component_cfg=component_cfg,
-            )
+            with fast_alignment():
+                _update_groups(
+                    nlp, examples, groups, state, losses, policy, progress,
+                    drop=drop, exclude=exclude, annotates=annotates,
+                    component_cfg=component_cfg,
+                )
         except oom_errors as err:
             # Empty docs ride along with the last micro-batch: they cannot be the cause.
             failed = [i for i in progress["group"] if lengths[i] > 0] or progress["group"]
