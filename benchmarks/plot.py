@@ -280,7 +280,9 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
     systems = {k: v for k, v in summary.items() if isinstance(v, dict) and "words_per_s_mean" in v}
     if not systems:
         raise SchemaError("summary has no system with measurements")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig = plt.figure(figsize=(14, 10))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1, 1.5))
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     for ax, key, xlabel, title in (
         (axes[0], "peak_rss_mb_by_train_size", "training corpus (x its 1x size)",
          "Peak RSS vs training-corpus size"),
@@ -305,7 +307,23 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
     speeds = {"between the first and last evaluation": [bars[n]["words_per_s_mean"] for n in names]}
     if any("words_per_wall_s_mean" in bars[n] for n in names):
         speeds["whole command"] = [bars[n].get("words_per_wall_s_mean") for n in names]
-    _bars(axes[2], names, speeds, "training words / s", "Training speed (1x corpus)", fmt="{:,.0f}")
+    # Horizontal bars: the arms' names are long.
+    ax = axes[2]
+    height = 0.8 / len(speeds)
+    for j, (label, values) in enumerate(speeds.items()):
+        ys = [i + (j - (len(speeds) - 1) / 2) * height for i in range(len(names))]
+        drawn = [(y, v) for y, v in zip(ys, values) if v is not None]
+        ax.barh([y for y, _ in drawn], [v for _, v in drawn], height=height, label=label)
+        for y, v in drawn:
+            ax.annotate(f"{v:,.0f}", (v, y), va="center", fontsize=7, xytext=(3, 0),
+                        textcoords="offset points")
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("training words / s")
+    ax.set_title("Training speed (1x corpus; the summary's means)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
     return fig
 
 

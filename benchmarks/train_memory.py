@@ -67,9 +67,20 @@ from spacy_lean.memory import trim_host_memory
 from spacy_lean.training.update import UpdatePolicy
 UpdatePolicy.trim_heap = lambda self: trim_host_memory()
 """,
+    # Tried as the default: a 32 MB slack over the highest level of the 16 updates after
+    # each trim (fewer trims, the peak less bounded).
+    "lean_trim_settle16": """
+from spacy_lean import memory
+from spacy_lean.training import update
+update.HeapTrimmer = lambda slack_mb: memory.HeapTrimmer(32.0, settle=16)
+""",
 }
 
-TRIM_ARMS = ("lean_trim_slack64", "lean_no_trim", "lean_trim_every")  # the first is `lean` as is
+# The first is `lean` as is (a 64 MB slack over the level of the first update after a
+# trim). Each arm runs --trim-arms times on the 1x corpus, then once on the 1x and the
+# 16x corpus with the reader's and batcher's bounds below the 1x corpus (tag "-w100"):
+# the peak's growth with the corpus once those bounds hold, which is the heap's.
+TRIM_ARMS = ("lean_trim_default", "lean_trim_settle16", "lean_no_trim", "lean_trim_every")
 
 # The speed arms (--speed-arms): the lean config with explicit piece lengths and
 # oracle cuts, against stock and the lean config as it is. The ner's transition parser
@@ -82,7 +93,10 @@ SPEED_OVERRIDES = {
     "lean_len256_cut32": [_LEN, "256", _CUT, "32"],
     "lean_len128_cut100": [_LEN, "128", _CUT, "100"],
 }
-SPEED_ARMS = ("stock", "lean", "lean_len256_cut100", "lean_len256_cut32", "lean_len128_cut100")
+# The 2x2 of config (stock / lean) and command (`spacy train` / `spacy lean train`):
+# the loop's cost apart from the data's. Then the lean config's piece length and cut.
+SPEED_ARMS = ("stock", "lean", "stock_cfg_lean_train", "lean_cfg_spacy_train", "lean_len256_cut100",
+              "lean_len256_cut32", "lean_len128_cut100")
 
 RUNNER = r'''
 import json, resource, subprocess, sys, time
@@ -144,7 +158,7 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
     log = tmp / f"{name}.jsonl"
     code = tmp / f"bench_code_{kind}.py"
     code.write_text(LOGGER_CODE + TRIM_PATCHES.get(kind, ""), encoding="utf8")
-    cfg_src = ROOT / "configs" / ("ner_trf_stock.cfg" if kind == "stock" else "ner_trf.cfg")
+    cfg_src = ROOT / "configs" / ("ner_trf_stock.cfg" if kind.startswith("stock") else "ner_trf.cfg")
     cfg = bench_config(cfg_src, tmp / f"{name}.cfg", log)
     spacy_train = kind in ("stock", "lean_cfg_spacy_train")
     command = [sys.executable, "-m", "spacy"] + (["train"] if spacy_train else ["lean", "train"])
@@ -162,7 +176,7 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
     ]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
-    if kind == "lean_window100":
+    if kind == "lean_window100" or tag == "-w100":
         command += ["--corpora.train.shuffle_buffer", "100", "--training.batcher.window", "100"]
     command += SPEED_OVERRIDES.get(kind, [])
     result_file = tmp / f"{name}.result.json"
@@ -242,15 +256,25 @@ def summarize(runs):
         if "dev1" in by_dev and "dev8" in by_dev:
             summary[kind]["rss_growth_dev_1x_to_8x"] = round(by_dev["dev8"] / by_dev["dev1"] - 1, 4)
     for kind in TRIM_ARMS:
-        rows = pick(system=kind)
+        rows = [r for r in pick(system=kind) if not r["name"].endswith("-w100")]
         if rows:
             summary[kind] = {
                 "runs": len(rows),
                 "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
+                "words_per_s_spread": [min(r["words_per_s"] for r in rows),
+                                       max(r["words_per_s"] for r in rows)],
                 "peak_rss_mb_mean": statistics.mean(r["peak_rss_mb"] for r in rows),
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rows),
+                "cpu_s_mean": statistics.mean(r["cpu_s"] for r in rows),
                 "ents_f": sorted({r["ents_f"] for r in rows}),
             }
+            bounded = {r["train"]: r["peak_rss_mb"] for r in pick(system=kind)
+                       if r["name"].endswith("-w100")}
+            if bounded:
+                summary[kind]["window100_peak_rss_mb_by_train_size"] = bounded
+                if "train1" in bounded and "train16" in bounded:
+                    summary[kind]["window100_rss_growth_1x_to_16x"] = round(
+                        bounded["train16"] / bounded["train1"] - 1, 4)
     for kind in ("lean_cfg_spacy_train", "lean_window100"):
         rows = pick(system=kind)
         if rows:
@@ -322,8 +346,9 @@ def main():
     parser.add_argument("--only-extra", action="store_true",
                         help="run only the extra arms, keeping the other runs in --output")
     parser.add_argument("--trim-arms", type=int, default=0, metavar="REPEATS",
-                        help="run only lean, lean_no_trim and lean_trim_every on the 1x corpus (seed 0), "
-                        "this many times each, interleaved, keeping the other runs in --output: what the "
+                        help="run only the TRIM_ARMS (the default, the old default, never, before every "
+                        "update) on the 1x corpus (seed 0), this many times each, interleaved, keeping "
+                        "the other runs in --output: what the "
                         "training updates' heap trimming costs and saves")
     parser.add_argument("--add-factor", type=int, default=0,
                         help="run only stock, lean and lean_window100 (seed 0) on a training corpus this "
@@ -338,6 +363,8 @@ def main():
     factors, dev_factors = (1, 4, 16), (1, 8)
     if args.speed_arms:
         factors, dev_factors = (1,), (1,)
+    if args.trim_arms:
+        factors, dev_factors = (1, 16), (1,)
     if args.add_factor:
         factors, dev_factors = (1, args.add_factor), (1,)
     if args.quick:
@@ -373,6 +400,8 @@ def main():
             arms = list(TRIM_ARMS)
             jobs = [(kind, "train1", "dev1", 0, 1, f"-r{rep}") for rep in range(args.trim_arms)
                     for kind in (arms if rep % 2 == 0 else arms[::-1])]
+            jobs += [(kind, size, "dev1", 0, 1, "-w100") for size in ("train1", "train16")
+                     for kind in arms]
             runs, words = merge_into(args, words, lambda r: r["system"] in TRIM_ARMS)
         if args.speed_arms:
             arms = list(SPEED_ARMS)

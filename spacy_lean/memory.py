@@ -56,28 +56,37 @@ def resident_bytes() -> Optional[int]:
 
 class HeapTrimmer:
     """Calls `trim_host_memory` after every call (`slack_mb` 0), or only once resident
-    memory has crept more than `slack_mb` megabytes above its working level: the level
-    measured at the first call after a trim (or the very first call), when a loop's
-    step has run once and its freed pages are held for the next step to reuse. A loop
-    whose steps reuse the same pages then never pays for handing them back and
-    faulting them in again; what fragmentation adds step after step goes back once it
-    exceeds the slack, so the peak stays within the working level + the slack.
+    memory has crept more than `slack_mb` megabytes above its working level. The working
+    level is the highest resident memory measured at the first `settle` calls after a
+    trim (or after the start; at least one call), when a loop's step has run and its
+    freed pages are held for the next step to reuse. A loop whose steps reuse the
+    same pages then never pays for handing them back and faulting them in again; what
+    fragmentation adds step after step goes back once it exceeds the slack, so the peak
+    stays within the working level + the slack, however many steps run.
 
     Measured, trimming after every call: `spacy lean evaluate` (2x64 model, 4,800
     docs, `benchmarks/eval_heap_trim.py`) 2.6M minor page faults against 0.1M
-    untrimmed and 6% more CPU time than with fewer trims; `spacy lean train` (2x64
-    model, `benchmarks/train_memory.py --trim-arms`) ~20% fewer words/s than never
-    trimming, for a peak ~85 MB lower. Never trimming lets the peak creep up with the
-    number of batches.
+    untrimmed and 6% more CPU time than with fewer trims. In `spacy lean train` (2x64
+    model, 150 steps, `benchmarks/train_memory.py --trim-arms`), a 64 MB slack over the
+    first call's level (the training default) trims every 5-10 steps, at 2-4x the page
+    faults of never trimming; a 32 MB slack over the level of 16 calls (`settle=16`)
+    trims a third as often, at never trimming's speed, but lets the peak grow with
+    the variety of batch shapes as never trimming does. Never trimming lets the peak
+    creep up with the number of batches (+58 MB from step 15 to 150 there, still rising).
 
     slack_mb (float): 0 trims on every call.
+    settle (int): calls after a trim over which the working level is measured.
     """
 
-    def __init__(self, slack_mb: float = 0.0):
+    def __init__(self, slack_mb: float = 0.0, settle: int = 1):
         if slack_mb < 0:
             raise ValueError(f"slack_mb must be >= 0, got {slack_mb}.")
+        if settle < 1:
+            raise ValueError(f"settle must be >= 1 call, got {settle}.")
         self.slack = int(slack_mb * 2**20)
+        self.settle = settle
         self.floor: Optional[int] = None
+        self._measured = 0  # calls that measured the working level since the last trim
         self.n_trims = 0
 
     def __call__(self) -> bool:
@@ -85,8 +94,9 @@ class HeapTrimmer:
         if self.slack:
             now = resident_bytes()
             if now is not None:
-                if self.floor is None:  # the working level: first call, or first after a trim
-                    self.floor = now
+                if self._measured < self.settle:  # still measuring the working level
+                    self.floor = now if self.floor is None else max(self.floor, now)
+                    self._measured += 1
                     return False
                 if now <= self.floor + self.slack:
                     return False
@@ -94,6 +104,7 @@ class HeapTrimmer:
             return False
         self.n_trims += 1
         self.floor = None
+        self._measured = 0
         return True
 
 

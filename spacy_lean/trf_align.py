@@ -26,7 +26,7 @@ token are sorted and unique.
 
 import contextlib
 import threading
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, Sequence
 
 import numpy
 from spacy.attrs import IDX, LENGTH

@@ -476,6 +476,34 @@ def test_heap_trimmer_trims_only_past_its_slack():
     assert every() and every() and every.n_trims == 2
 
 
+def test_heap_trimmer_settles_on_the_highest_level_of_its_first_calls(monkeypatch):
+    """With `settle` N, the working level is the highest resident memory of the N calls
+    after a trim: a larger step among them raises the level instead of causing a trim;
+    growth past level + slack after them trims, and the level is measured again."""
+    from spacy_lean import memory
+
+    mb = 2**20
+    readings = iter([500, 560, 540, 590, 580, 620, 600, 640, 650])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings) * mb)
+    trims = []
+    monkeypatch.setattr(memory, "trim_host_memory", lambda: trims.append(1) or True)
+    with pytest.raises(ValueError, match="settle"):
+        memory.HeapTrimmer(32, settle=0)
+    trimmer = memory.HeapTrimmer(32, settle=3)
+    assert [trimmer() for _ in range(3)] == [False] * 3  # 500, 560, 540: measuring
+    assert trimmer.floor == 560 * mb and not trims
+    assert not trimmer()  # 590 <= 560 + 32
+    assert not trimmer()  # 580
+    assert trimmer()  # 620 > 592: trims, and measures again
+    assert trimmer.floor is None and trimmer.n_trims == 1 and len(trims) == 1
+    assert [trimmer() for _ in range(3)] == [False] * 3  # 600, 640, 650
+    assert trimmer.floor == 650 * mb
+    # settle=1 (the default): the level is the first call's, as before.
+    readings = iter([500, 560])
+    once = memory.HeapTrimmer(32)
+    assert not once() and once() and len(trims) == 2
+
+
 @pytest.mark.gpu
 def test_empty_cache_every_frees_cuda_cache(trf_ner_dir, texts):
     import torch

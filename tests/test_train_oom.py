@@ -31,6 +31,7 @@ from spacy.util import fix_random_seed
 from thinc.api import Adam, Config
 
 from spacy_lean import synthetic
+from spacy_lean.memory import DEFAULT_TRIM_SLACK_MB
 from spacy_lean.training import (
     BatchTooLargeError,
     OOMSplitWarning,
@@ -555,5 +556,5 @@ def test_spacy_lean_train_uses_the_config_callbacks_policy():
 
     fresh = update_policy(spacy.blank("en"), 64)
     assert fresh is not installed and fresh.max_padded_tokens == 64
-    assert fresh.exact_parser_gradient is True and fresh.trim_heap_slack_mb == 64.0
+    assert fresh.exact_parser_gradient is True and fresh.trim_heap_slack_mb == DEFAULT_TRIM_SLACK_MB
     assert update_policy(spacy.blank("en")).max_padded_tokens is None

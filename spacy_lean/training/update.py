@@ -103,12 +103,15 @@ class UpdatePolicy:
         two -> micro-batch padded size that worked after running out of memory.
     trim_heap_slack_mb (Optional[float]): before an update, hand the host memory the
         earlier steps freed back to the OS once resident memory has crept more than
-        this many MB above its working level (`spacy_lean.memory.HeapTrimmer`); 0 trims
-        before every update (the lowest peak, ~20% fewer words/s on CPU), None never.
-        Without it glibc keeps the freed pages and, as every batch has other tensor
-        shapes, resident memory creeps up step after step (measured on CPU: +183 MB over
-        150 steps, the peak growing with the number of distinct batches seen, so with
-        the corpus size); with the default 64 MB it costs no measurable speed.
+        this many MB above its working level (measured at the first update after each
+        trim: `spacy_lean.memory.HeapTrimmer`); 0 trims before every update (the lowest
+        peak, ~19% fewer words/s on CPU), None never. Without it glibc keeps the freed
+        pages and, as every batch has other tensor shapes, resident memory creeps up
+        step after step (+58 MB from step 15 to 150 on a 2x64 model, still rising), and
+        the more distinct batch shapes, the faster: the peak grows with the steps and
+        with the corpus. The default 64 MB costs page faults: 6% of the words/s of a
+        2x64 model on CPU against never trimming, whose peak grew +11% from a 1x to a
+        16x corpus where the default's grew +2.8% (`benchmarks/train_memory.py`).
     """
 
     max_padded_tokens: Optional[int] = None
