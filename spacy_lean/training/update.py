@@ -109,9 +109,9 @@ class UpdatePolicy:
         pages and, as every batch has other tensor shapes, resident memory creeps up
         step after step (+58 MB from step 15 to 150 on a 2x64 model, still rising), and
         the more distinct batch shapes, the faster: the peak grows with the steps and
-        with the corpus. The default 64 MB costs page faults: 6% of the words/s of a
-        2x64 model on CPU against never trimming, whose peak grew +11% from a 1x to a
-        16x corpus where the default's grew +2.8% (`benchmarks/train_memory.py`).
+        with the corpus. The default 64 MB costs page faults: 5% of the words/s of a
+        2x64 model on CPU against never trimming, whose peak grew +10.5% from a 1x to a
+        16x corpus where the default's grew +3.0% (`benchmarks/train_memory.py`).
     """
 
     max_padded_tokens: Optional[int] = None
