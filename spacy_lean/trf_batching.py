@@ -1,4 +1,4 @@
-"""Run a spacy-transformers model's spans in length-sorted groups when predicting.
+"""Run a spacy-transformers model's spans in length-sorted groups (prediction; training on request).
 
 spacy-transformers cuts each doc into spans (strided windows of spaCy tokens), turns
 every span of a batch into wordpieces and runs them through the Hugging Face model as
@@ -10,7 +10,7 @@ their spans).
 
 `sorted_span_groups(nlp)` is a context manager that, while it is active, replaces the
 forward pass of the Hugging Face layer of every spacy-transformers `Transformer` in the
-pipeline, in prediction only (`is_train=False`): the batch's rows are sorted by their
+pipeline, in prediction (`is_train=False`; in training too with `train=True`): the batch's rows are sorted by their
 real length, cut into the groups that minimise the wordpieces computed plus a cost per
 model call (`plan_groups`), each group run trimmed to its own longest row (rounded up to
 a multiple of 16), and the outputs put back in the original row order
@@ -18,7 +18,8 @@ at the original padded width (positions past a row's length are zeros instead of
 model's values for padding, which nothing reads: the alignment only points at real
 wordpieces). What the listeners and `doc._.trf_data` see for real wordpieces is what
 the model computes for them; the only difference is float rounding from tensors of
-other shapes (below 1e-5 in the tests). Training is never changed.
+other shapes (below 1e-5 in the tests). Training is changed only with `train=True` (what
+`lean_update` does): then each group keeps its own backward pass.
 """
 
 import contextlib
@@ -132,12 +133,19 @@ def _take(wps: Any, rows: numpy.ndarray, width: int) -> Any:
 
 
 @contextlib.contextmanager
-def sorted_span_groups(nlp: Language, group_cost: float = DEFAULT_GROUP_COST) -> Iterator[int]:
+def sorted_span_groups(
+    nlp: Language, group_cost: float = DEFAULT_GROUP_COST, train: bool = False
+) -> Iterator[int]:
     """While active, every spacy-transformers Transformer of `nlp` predicts its
     batches' spans in length-sorted groups (see the module's docstring).
 
     nlp (Language): the pipeline.
     group_cost (float): what one more model call costs, in wordpieces (see `plan_groups`).
+    train (bool): in training passes too: each group keeps its own backward pass, and
+        the gradient of the combined output is cut back into the groups' rows and
+        widths (the positions past a group's width are padding, whose gradient is zero:
+        the alignment points at real wordpieces only). The parameters' gradients are
+        the whole batch's, up to float rounding, with dropout drawn per group.
     YIELDS (int): how many transformer layers were changed (0: nothing to do).
     """
     if not group_cost >= 0:
@@ -146,7 +154,7 @@ def sorted_span_groups(nlp: Language, group_cost: float = DEFAULT_GROUP_COST) ->
     originals = []
     for layer in layers:
         originals.append(layer._func)
-        layer._func = _sorted_forward(layer._func, group_cost)
+        layer._func = _sorted_forward(layer._func, group_cost, train)
         _ACTIVE.add(id(layer))
     try:
         yield len(layers)
@@ -156,9 +164,9 @@ def sorted_span_groups(nlp: Language, group_cost: float = DEFAULT_GROUP_COST) ->
             _ACTIVE.discard(id(layer))
 
 
-def _sorted_forward(forward, group_cost: float):
+def _sorted_forward(forward, group_cost: float, train: bool = False):
     def sorted_forward(model, wps, is_train):
-        if is_train or len(wps) < 2:
+        if (is_train and not train) or len(wps) < 2:
             return forward(model, wps, is_train)
         real = [int(x) for x in wps.attention_mask.sum(axis=1).tolist()]
         width = int(wps.input_ids.shape[1])
@@ -166,12 +174,48 @@ def _sorted_forward(forward, group_cost: float):
         if len(plan) == 1:
             return forward(model, wps, is_train)
         rows = [numpy.asarray(g, dtype="int64") for g, _ in plan]
-        outputs = [
-            (forward(model, _take(wps, g, w), is_train)[0], w) for g, (_, w) in zip(rows, plan)
-        ]
-        return _combine(outputs, rows, len(wps), width), _no_backprop
+        results = [forward(model, _take(wps, g, w), is_train) for g, (_, w) in zip(rows, plan)]
+        outputs = [(output, w) for (output, _), (_, w) in zip(results, plan)]
+        if not is_train:
+            return _combine(outputs, rows, len(wps), width), _no_backprop
+        import torch
+
+        with torch.no_grad():  # a copy for the listeners; each group keeps its own graph
+            combined = _combine(outputs, rows, len(wps), width)
+
+        def backprop(d_output: Any) -> Any:
+            d_inputs = None
+            for (output, w), (_, group_backprop), g in zip(outputs, results, rows):
+                d_group = _split(d_output, output, g, w)
+                d_inputs = group_backprop(d_group)
+            return d_inputs
+
+        return combined, backprop
 
     return sorted_forward
+
+
+def _split(d_output: Any, like: Any, rows: numpy.ndarray, width: int) -> Any:
+    """The gradient of one group's output: its rows of `d_output`, trimmed to the
+    group's width on the axes where the group's output has that width."""
+    import torch
+
+    def cut(value, shaped):
+        if not isinstance(value, torch.Tensor) or not isinstance(shaped, torch.Tensor):
+            return value
+        index = (torch.as_tensor(rows, device=value.device),) + tuple(
+            slice(0, s) for s in shaped.shape[1:]
+        )
+        return value[index]
+
+    # spacy-transformers' gradient names its fields by position ("output_0" for
+    # last_hidden_state): match them to the output's by name, else by position.
+    shaped = list(like.values())
+    fields = {
+        key: cut(value, like[key] if key in like else shaped[i] if i < len(shaped) else None)
+        for i, (key, value) in enumerate(d_output.items())
+    }
+    return type(d_output)(**fields)
 
 
 def _combine(outputs, rows: List[numpy.ndarray], n_rows: int, width: int) -> Any:
@@ -212,4 +256,4 @@ def _merge(values, widths, rows, n_rows, width):
 
 
 def _no_backprop(d_output: Any) -> Any:
-    raise RuntimeError("sorted_span_groups runs in prediction only; it has no backward pass.")
+    raise RuntimeError("This pass ran with is_train=False: it has no backward pass.")

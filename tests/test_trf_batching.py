@@ -165,3 +165,141 @@ def test_bad_group_cost(trf_ner_nlp):
     with pytest.raises(ValueError, match="group_cost"):
         with sorted_span_groups(trf_ner_nlp, group_cost=-1):
             pass
+
+
+def _gradients(nlp):
+    """Every gradient of the pipeline, torch's and thinc's, as numpy arrays."""
+    from spacy_lean.training.update import _models, _torch_modules
+
+    nodes = _models(nlp)
+    torch_params = [p for module in _torch_modules(nodes) for p in module.parameters()]
+    thinc = [
+        get_current_ops().to_numpy(node.get_grad(name)).copy()
+        for node in nodes
+        for name in node.param_names
+        if node.has_grad(name)
+    ]
+    return [p.grad.detach().cpu().numpy().copy() for p in torch_params if p.grad is not None], thinc
+
+
+def _zero_gradients(nlp):
+    from spacy_lean.training.update import _models, _torch_modules
+
+    nodes = _models(nlp)
+    for module in _torch_modules(nodes):
+        for p in module.parameters():
+            p.grad = None
+    for node in nodes:
+        for name in node.param_names:
+            if node.has_grad(name):
+                node.get_grad(name).fill(0)
+
+
+def _no_model_dropout(nlp):
+    """Zero the Hugging Face model's own dropout (other masks per group otherwise)."""
+    import torch
+
+    for module in hf_layer(nlp).shims[0]._hfmodel.transformer.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout_prob", None), float):  # SDPA attention's own
+            module.dropout_prob = 0.0
+
+
+def test_training_groups_backprop_the_whole_batchs_gradients(trf_ner_nlp):
+    """With train=True the transformer's training pass runs in length-sorted groups:
+    the same hidden states for every real wordpiece, and for the same output gradient
+    (zero on padding, as the listeners give it) the same parameter gradients."""
+    import torch
+    from spacy_transformers.data_classes import FullTransformerBatch
+    from transformers.utils import ModelOutput
+
+    nlp = trf_ner_nlp
+    _no_model_dropout(nlp)
+    trf = nlp.get_pipe("transformer")
+    gold = synthetic.make_ner_docs(spacy.blank("en"), 16, seed=7, long_doc_rate=0.4)
+    docs = [nlp.make_doc(d.text) for d in gold]
+    counts, handle = count_wordpieces(nlp)
+    results = []
+    try:
+        for grouped in (False, True):
+            _zero_gradients(nlp)
+            counts.update(run=0, real=0, calls=0)
+            ctx = sorted_span_groups(nlp, group_cost=0, train=True) if grouped else None
+            if ctx is not None:
+                ctx.__enter__()
+            try:
+                out, backprop = trf.model.begin_update(docs)
+                hidden = out.model_output.last_hidden_state.detach().cpu().numpy().copy()
+                mask = numpy.asarray(out.wordpieces.attention_mask, dtype="float32")
+                d_hidden = numpy.random.RandomState(0).normal(size=hidden.shape).astype("float32")
+                d_hidden *= mask[:, :, None]
+                backprop(FullTransformerBatch(
+                    spans=out.spans, wordpieces=out.wordpieces, align=out.align,
+                    model_output=ModelOutput(output_0=torch.from_numpy(d_hidden)),
+                ))
+            finally:
+                if ctx is not None:
+                    ctx.__exit__(None, None, None)
+            results.append((hidden, mask, _gradients(nlp)[0], dict(counts)))
+    finally:
+        handle.remove()
+    (h_whole, mask, g_whole, c_whole), (h_grouped, _, g_grouped, c_grouped) = results
+    assert c_grouped["calls"] > c_whole["calls"] == 1 and c_grouped["run"] < c_whole["run"]
+    real = mask.astype(bool)
+    numpy.testing.assert_allclose(h_grouped[real], h_whole[real], rtol=0, atol=1e-5)
+    assert len(g_whole) == len(g_grouped) > 0
+    for a, b in zip(g_whole, g_grouped):  # float32 sums in another order: 1e-5 of the scale
+        numpy.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(numpy.abs(a).max())))
+    assert max(numpy.abs(a).max() for a in g_whole) > 0.1
+
+
+def test_training_groups_in_a_pipeline_update(trf_ner_nlp):
+    """Through `nlp.update` (the ner's listener gradient flowing back): the same loss
+    and gradients as the whole batch, up to the ner's sensitivity to float rounding
+    (its oracle follows its own predictions, so a rounding difference in the scores can
+    change which states are trained on)."""
+    nlp = trf_ner_nlp
+    _no_model_dropout(nlp)
+    gold = synthetic.make_ner_docs(spacy.blank("en"), 16, seed=7, long_doc_rate=0.4)
+    examples = [Example(nlp.make_doc(d.text), d) for d in gold]
+    results = []
+    for grouped in (False, True):
+        _zero_gradients(nlp)
+        fix_random_seed(0)  # the ner's oracle cuts are random
+        if grouped:
+            with sorted_span_groups(nlp, group_cost=0, train=True):
+                losses = nlp.update(examples, sgd=False, drop=0.0)
+        else:
+            losses = nlp.update(examples, sgd=False, drop=0.0)
+        results.append((_gradients(nlp), losses["ner"]))
+    (whole, loss_whole), (grouped, loss_grouped) = results
+    assert loss_grouped == pytest.approx(loss_whole, rel=1e-4)
+    for kind in (0, 1):  # torch's parameters, thinc's
+        assert len(whole[kind]) == len(grouped[kind]) > 0
+        for a, b in zip(whole[kind], grouped[kind]):
+            assert numpy.linalg.norm(b - a) <= 0.02 * numpy.linalg.norm(a) + 1e-6
+
+
+def test_lean_update_sorts_spans_unless_told_not_to(trf_ner_nlp):
+    """`lean_update` runs the transformer in length-sorted groups (`sort_spans`, on by
+    default) and in one call with `sort_spans=False`; the layer is put back after."""
+    from spacy_lean.training import UpdatePolicy, lean_update
+
+    nlp = trf_ner_nlp
+    gold = synthetic.make_ner_docs(spacy.blank("en"), 16, seed=7, long_doc_rate=0.4)
+    examples = [Example(nlp.make_doc(d.text), d) for d in gold]
+    forward = hf_layer(nlp)._func
+    counts, handle = count_wordpieces(nlp)
+    try:
+        calls = {}
+        for sort in (True, False):
+            counts.update(run=0, real=0, calls=0)
+            losses = lean_update(nlp, examples, policy=UpdatePolicy(sort_spans=sort))
+            calls[sort] = (counts["calls"], counts["run"], counts["real"])
+            assert losses["ner"] > 0 and hf_layer(nlp)._func is forward
+    finally:
+        handle.remove()
+    assert calls[False][0] == 1 and calls[True][0] > 1
+    assert calls[True][1] < calls[False][1] and calls[True][2] == calls[False][2]
+    assert UpdatePolicy.from_dict(UpdatePolicy(sort_spans=False).to_dict()).sort_spans is False

@@ -30,11 +30,23 @@ Exact only with dropout 0: dropout draws random masks per call. The parser's ora
 (`update_with_oracle_cut_size`) draws a random length per call too, which matters for
 docs longer than half of it.
 """
+import contextlib
 import gc
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import numpy
 from spacy.language import Language
@@ -54,6 +66,7 @@ from thinc.api import Model
 from ..memory import DEFAULT_TRIM_SLACK_MB, HeapTrimmer, empty_gpu_caches
 from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
+from ..trf_batching import sorted_span_groups
 from .parser_grad import install_exact_parser_gradient
 
 # Components whose update was checked: the gradient is a sum over the batch, the loss
@@ -112,6 +125,11 @@ class UpdatePolicy:
         with the corpus. The default 64 MB costs page faults: 5% of the words/s of a
         2x64 model on CPU against never trimming, whose peak grew +10.5% from a 1x to a
         16x corpus where the default's grew +3.0% (`benchmarks/train_memory.py`).
+    sort_spans (bool): run each spacy-transformers batch's spans through the model in
+        length-sorted groups, each trimmed to its own longest span, in training as in
+        evaluation (`spacy_lean.trf_batching.sorted_span_groups(train=True)`): less
+        padding computed forward and backward; the same gradients up to float rounding,
+        with the model's dropout drawn per group.
     """
 
     max_padded_tokens: Optional[int] = None
@@ -120,6 +138,7 @@ class UpdatePolicy:
     exact_parser_gradient: bool = True
     learned_limits: Dict[int, int] = field(default_factory=dict)
     trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB
+    sort_spans: bool = True
     # Counters.
     batches: int = 0
     examples: int = 0
@@ -207,6 +226,7 @@ class UpdatePolicy:
             "gradient_checkpointing": self.gradient_checkpointing,
             "exact_parser_gradient": self.exact_parser_gradient,
             "trim_heap_slack_mb": self.trim_heap_slack_mb,
+            "sort_spans": self.sort_spans,
             "learned_limits": {str(k): v for k, v in sorted(self.learned_limits.items())},
         }
         out.update(self.stats())
@@ -508,6 +528,12 @@ def lean_update(
     limit = policy.limit_for(padded)
     oom_errors = cuda_oom_errors()
     state = _UpdateState(nlp)
+
+    def spans_sorted() -> ContextManager[Any]:
+        if policy.sort_spans:
+            return sorted_span_groups(nlp, train=True)
+        return contextlib.nullcontext()
+
     saved_losses = dict(losses)
     retried = False
     while True:
@@ -515,7 +541,7 @@ def lean_update(
         failed: Optional[List[int]] = None
         progress: Dict[str, List[int]] = {}
         try:
-            with fast_alignment():
+            with fast_alignment(), spans_sorted():
                 _update_groups(
                     nlp, examples, groups, state, losses, policy, progress,
                     drop=drop, exclude=exclude, annotates=annotates,
