@@ -68,6 +68,12 @@ from spacy_lean.memory import trim_host_memory
 from spacy_lean.training.update import UpdatePolicy
 UpdatePolicy.trim_heap = lambda self: trim_host_memory()
 """,
+    # The speed arm without length-sorted span groups in training (sort_spans off).
+    "lean_no_sort": """
+import contextlib
+from spacy_lean.training import update
+update.sorted_span_groups = lambda nlp, **kwargs: contextlib.nullcontext(0)
+""",
     # Tried as the default: a 32 MB slack over the highest level of the 16 updates after
     # each trim (fewer trims, the peak less bounded).
     "lean_trim_settle16": """
@@ -95,9 +101,10 @@ SPEED_OVERRIDES = {
     "lean_len128_cut100": [_LEN, "128", _CUT, "100"],
 }
 # The 2x2 of config (stock / lean) and command (`spacy train` / `spacy lean train`):
-# the loop's cost apart from the data's. Then the lean config's piece length and cut.
-SPEED_ARMS = ("stock", "lean", "stock_cfg_lean_train", "lean_cfg_spacy_train", "lean_len256_cut100",
-              "lean_len256_cut32", "lean_len128_cut100")
+# the loop's cost apart from the data's; the lean config without sorted span groups in training;
+# then the lean config's piece length and cut.
+SPEED_ARMS = ("stock", "lean", "stock_cfg_lean_train", "lean_cfg_spacy_train", "lean_no_sort",
+              "lean_len256_cut100", "lean_len256_cut32", "lean_len128_cut100")
 
 RUNNER = r'''
 import json, resource, subprocess, sys, time

@@ -118,13 +118,14 @@ class UpdatePolicy:
         earlier steps freed back to the OS once resident memory has crept more than
         this many MB above its working level (measured at the first update after each
         trim: `spacy_lean.memory.HeapTrimmer`); 0 trims before every update (the lowest
-        peak, ~19% fewer words/s on CPU), None never. Without it glibc keeps the freed
+        peak, ~15% fewer words/s on CPU), None never. Without it glibc keeps the freed
         pages and, as every batch has other tensor shapes, resident memory creeps up
         step after step (+58 MB from step 15 to 150 on a 2x64 model, still rising), and
         the more distinct batch shapes, the faster: the peak grows with the steps and
-        with the corpus. The default 64 MB costs page faults: 5% of the words/s of a
-        2x64 model on CPU against never trimming, whose peak grew +10.5% from a 1x to a
-        16x corpus where the default's grew +3.0% (`benchmarks/train_memory.py`).
+        with the corpus. The default 64 MB costs page faults: ~10% of the words/s of a
+        2x64 model on CPU against never trimming, whose peak grew +3.6% from a 1x to a
+        16x corpus where the default's grew +2.1% (+10.5% against +3.0% without
+        `sort_spans`; `benchmarks/train_memory.py`).
     sort_spans (bool): run each spacy-transformers batch's spans through the model in
         length-sorted groups, each trimmed to its own longest span, in training as in
         evaluation (`spacy_lean.trf_batching.sorted_span_groups(train=True)`): less
