@@ -74,20 +74,20 @@ import contextlib
 from spacy_lean.training import update
 update.sorted_span_groups = lambda nlp, **kwargs: contextlib.nullcontext(0)
 """,
-    # Tried as the default: a 32 MB slack over the highest level of the 16 updates after
-    # each trim (fewer trims, the peak less bounded).
-    "lean_trim_settle16": """
+    # The default before: a 64 MB slack over the level of the first update after each
+    # trim (more trims, the peak more tightly bounded).
+    "lean_trim_slack64_settle1": """
 from spacy_lean import memory
 from spacy_lean.training import update
-update.HeapTrimmer = lambda slack_mb: memory.HeapTrimmer(32.0, settle=16)
+update.HeapTrimmer = lambda slack_mb, settle=1: memory.HeapTrimmer(64.0, settle=1)
 """,
 }
 
-# The first is `lean` as is (a 64 MB slack over the level of the first update after a
-# trim). Each arm runs --trim-arms times on the 1x corpus, then once on the 1x and the
+# The first is `lean` as is (a 32 MB slack over the highest level of the 16 updates
+# after a trim). Each arm runs --trim-arms times on the 1x corpus, then once on the 1x and the
 # 16x corpus with the reader's and batcher's bounds below the 1x corpus (tag "-w100"):
 # the peak's growth with the corpus once those bounds hold, which is the heap's.
-TRIM_ARMS = ("lean_trim_default", "lean_trim_settle16", "lean_no_trim", "lean_trim_every")
+TRIM_ARMS = ("lean_trim_default", "lean_trim_slack64_settle1", "lean_no_trim", "lean_trim_every")
 
 # The speed arms (--speed-arms): the lean config with explicit piece lengths and
 # oracle cuts, against stock and the lean config as it is. The ner's transition parser

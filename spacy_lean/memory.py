@@ -38,9 +38,11 @@ def trim_host_memory() -> bool:
     return False
 
 
-# The training updates' default (`UpdatePolicy.trim_heap_slack_mb`); the evaluator
-# trims after every batch unless given a slack.
-DEFAULT_TRIM_SLACK_MB = 64.0
+# The training updates' defaults (`UpdatePolicy.trim_heap_slack_mb`, and the updates over
+# which the working level is measured after each trim); the evaluator trims after every
+# batch unless given a slack.
+DEFAULT_TRIM_SLACK_MB = 32.0
+DEFAULT_TRIM_SETTLE = 16
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -68,13 +70,13 @@ class HeapTrimmer:
     docs, `benchmarks/eval_heap_trim.py`) 2.6M minor page faults against 0.1M
     untrimmed and 6% more CPU time than with fewer trims. In `spacy lean train` (2x64
     model, 150 steps, `benchmarks/train_memory.py --trim-arms`), a 64 MB slack over the
-    first call's level (the training default) trims every 5-10 steps, at 2-4x the page
-    faults of never trimming; a 32 MB slack over the level of 16 calls (`settle=16`)
-    trims a third as often, for 6% more words/s, and lets the peak grow a little more
-    with the variety of batch shapes (1x -> 16x corpus: +3.2% against the default's
-    +2.1% and never trimming's +3.6%; before the transformer's spans ran in sorted
-    groups in training, +7-9%, +3% and +10-11%). Never trimming lets the peak creep up
-    with the number of batches (+58 MB from step 15 to 150 there, still rising).
+    first call's level trims every 5-10 steps, at 2-4x the page faults of never
+    trimming; a 32 MB slack over the level of 16 calls (`settle=16`, the training
+    default) trims a third as often, for 2-6% more words/s, and lets the peak grow a
+    little more with the variety of batch shapes (1x -> 16x corpus: +3.0-3.2% against
+    +1.8-2.1% and never trimming's +3.2-3.6%; before the transformer's spans ran in
+    sorted groups in training, +7-9%, +3% and +10-11%). Never trimming lets the peak
+    creep up with the number of batches (+58 MB from step 15 to 150 there, still rising).
 
     slack_mb (float): 0 trims on every call.
     settle (int): calls after a trim over which the working level is measured.

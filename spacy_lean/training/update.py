@@ -63,7 +63,7 @@ from spacy.pipeline.transition_parser import Parser
 from spacy.training import Example
 from thinc.api import Model
 
-from ..memory import DEFAULT_TRIM_SLACK_MB, HeapTrimmer, empty_gpu_caches
+from ..memory import DEFAULT_TRIM_SETTLE, DEFAULT_TRIM_SLACK_MB, HeapTrimmer, empty_gpu_caches
 from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
 from ..trf_batching import sorted_span_groups
@@ -116,16 +116,16 @@ class UpdatePolicy:
         two -> micro-batch padded size that worked after running out of memory.
     trim_heap_slack_mb (Optional[float]): before an update, hand the host memory the
         earlier steps freed back to the OS once resident memory has crept more than
-        this many MB above its working level (measured at the first update after each
-        trim: `spacy_lean.memory.HeapTrimmer`); 0 trims before every update (the lowest
-        peak, ~15% fewer words/s on CPU), None never. Without it glibc keeps the freed
-        pages and, as every batch has other tensor shapes, resident memory creeps up
-        step after step (+58 MB from step 15 to 150 on a 2x64 model, still rising), and
-        the more distinct batch shapes, the faster: the peak grows with the steps and
-        with the corpus. The default 64 MB costs page faults: ~10% of the words/s of a
-        2x64 model on CPU against never trimming, whose peak grew +3.6% from a 1x to a
-        16x corpus where the default's grew +2.1% (+10.5% against +3.0% without
-        `sort_spans`; `benchmarks/train_memory.py`).
+        this many MB above its working level (the highest resident memory at the 16
+        updates after each trim: `spacy_lean.memory.HeapTrimmer`); 0 trims before every
+        update (the lowest peak, ~20% fewer words/s on CPU), None never. Without it
+        glibc keeps the freed pages and, as every batch has other tensor shapes,
+        resident memory creeps up step after step (+58 MB from step 15 to 150 on a 2x64
+        model, still rising), and the more distinct batch shapes, the faster: the peak
+        grows with the steps and with the corpus. Measured on CPU (2x64 model,
+        `benchmarks/train_memory.py`): 1x -> 16x corpus +3.0% with the default, +3.2%
+        never trimming (3% more words/s), +1.8% with a 64 MB slack over the first
+        update's level (2% fewer words/s).
     sort_spans (bool): run each spacy-transformers batch's spans through the model in
         length-sorted groups, each trimmed to its own longest span, in training as in
         evaluation (`spacy_lean.trf_batching.sorted_span_groups(train=True)`): less
@@ -169,7 +169,7 @@ class UpdatePolicy:
         if self.trim_heap_slack_mb is None:
             return False
         if self._trimmer is None:
-            self._trimmer = HeapTrimmer(self.trim_heap_slack_mb)
+            self._trimmer = HeapTrimmer(self.trim_heap_slack_mb, settle=DEFAULT_TRIM_SETTLE)
         return self._trimmer()
 
     @property
