@@ -10,9 +10,9 @@ their spans).
 
 `sorted_span_groups(nlp)` is a context manager that, while it is active, replaces the
 forward pass of the Hugging Face layer of every spacy-transformers `Transformer` in the
-pipeline, in prediction (`is_train=False`; in training too with `train=True`): the batch's rows are sorted by their
-real length, cut into the groups that minimise the wordpieces computed plus a cost per
-model call (`plan_groups`), each group run trimmed to its own longest row (rounded up to
+pipeline, in prediction (`is_train=False`; in training too with `train=True`): the
+batch's rows are sorted by their real length, cut into the groups that minimise the
+wordpieces computed plus a cost per model call (`plan_groups`), each group run trimmed to its own longest row (rounded up to
 a multiple of 16), and the outputs put back in the original row order
 at the original padded width (positions past a row's length are zeros instead of the
 model's values for padding, which nothing reads: the alignment only points at real
@@ -185,9 +185,8 @@ def _sorted_forward(forward, group_cost: float, train: bool = False):
 
         def backprop(d_output: Any) -> Any:
             d_inputs = None
-            for (output, w), (_, group_backprop), g in zip(outputs, results, rows):
-                d_group = _split(d_output, output, g, w)
-                d_inputs = group_backprop(d_group)
+            for (output, _), (_, group_backprop), g in zip(outputs, results, rows):
+                d_inputs = group_backprop(_split(d_output, output, g))
             return d_inputs
 
         return combined, backprop
@@ -195,18 +194,23 @@ def _sorted_forward(forward, group_cost: float, train: bool = False):
     return sorted_forward
 
 
-def _split(d_output: Any, like: Any, rows: numpy.ndarray, width: int) -> Any:
-    """The gradient of one group's output: its rows of `d_output`, trimmed to the
-    group's width on the axes where the group's output has that width."""
+def _group_index(rows: numpy.ndarray, shape: Sequence[int], device: Any) -> Tuple[Any, ...]:
+    """Index of a group's block in a whole-batch tensor: its rows, and the group's
+    extent on every later axis."""
+    import torch
+
+    return (torch.as_tensor(rows, device=device),) + tuple(slice(0, s) for s in shape[1:])
+
+
+def _split(d_output: Any, like: Any, rows: numpy.ndarray) -> Any:
+    """The gradient of one group's output `like`: its rows of `d_output`, cut to the
+    group output's extent on every later axis."""
     import torch
 
     def cut(value, shaped):
         if not isinstance(value, torch.Tensor) or not isinstance(shaped, torch.Tensor):
             return value
-        index = (torch.as_tensor(rows, device=value.device),) + tuple(
-            slice(0, s) for s in shaped.shape[1:]
-        )
-        return value[index]
+        return value[_group_index(rows, shaped.shape, value.device)]
 
     # spacy-transformers' gradient names its fields by position ("output_0" for
     # last_hidden_state): match them to the output's by name, else by position.
@@ -248,10 +252,7 @@ def _merge(values, widths, rows, n_rows, width):
     ]
     out = first.new_zeros(shape)
     for value, g in zip(values, rows):
-        index = (torch.as_tensor(g, device=value.device),) + tuple(
-            slice(0, s) for s in value.shape[1:]
-        )
-        out[index] = value
+        out[_group_index(g, value.shape, value.device)] = value
     return out
 
 

@@ -30,23 +30,12 @@ Exact only with dropout 0: dropout draws random masks per call. The parser's ora
 (`update_with_oracle_cut_size`) draws a random length per call too, which matters for
 docs longer than half of it.
 """
-import contextlib
 import gc
 import sys
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import (
-    Any,
-    Callable,
-    ContextManager,
-    Dict,
-    Iterable,
-    List,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-)
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy
 from spacy.language import Language
@@ -530,11 +519,6 @@ def lean_update(
     oom_errors = cuda_oom_errors()
     state = _UpdateState(nlp)
 
-    def spans_sorted() -> ContextManager[Any]:
-        if policy.sort_spans:
-            return sorted_span_groups(nlp, train=True)
-        return contextlib.nullcontext()
-
     saved_losses = dict(losses)
     retried = False
     while True:
@@ -542,7 +526,8 @@ def lean_update(
         failed: Optional[List[int]] = None
         progress: Dict[str, List[int]] = {}
         try:
-            with fast_alignment(), spans_sorted():
+            spans = sorted_span_groups(nlp, train=True) if policy.sort_spans else nullcontext()
+            with fast_alignment(), spans:
                 _update_groups(
                     nlp, examples, groups, state, losses, policy, progress,
                     drop=drop, exclude=exclude, annotates=annotates,
