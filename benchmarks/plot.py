@@ -322,6 +322,10 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
     ax.invert_yaxis()
     ax.set_xlabel("training words / s")
     ax.set_title("Training speed (1x corpus; the summary's means)")
+    # Room on the right for the legend, clear of the longest bars and their labels.
+    longest = max((v for values in speeds.values() for v in values if v is not None), default=0)
+    if longest > 0:
+        ax.set_xlim(0, longest * 1.35)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, axis="x", alpha=0.3)
     return fig
