@@ -41,8 +41,9 @@ RESULTS = HERE / "results" / "train_checkpointing.json"
 MODES = ["stock", "lean", "checkpointing", "ceiling", "checkpointing+ceiling"]
 
 
-def build_model(work: Path, seed: int = 0) -> Path:
-    """Save an initialised (untrained) transformer + ner pipeline once."""
+def build_model(work: Path, seed: int = 0, overrides=None) -> Path:
+    """Save an initialised (untrained) transformer + ner pipeline once (`overrides`: more
+    config overrides, e.g. train_oom_gpu.py's dropout 0)."""
     import spacy
     from spacy.training import Example
     from spacy.util import fix_random_seed
@@ -64,6 +65,7 @@ def build_model(work: Path, seed: int = 0) -> Path:
             "paths.transformer": str(bert),
             "components.transformer.model.get_spans.window": 128,
             "components.transformer.model.get_spans.stride": 96,
+            **(overrides or {}),
         },
     )
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)

@@ -17,6 +17,13 @@ On a 2-core machine with one torch thread per process (the default `--threads 1`
     nice -n 10 python benchmarks/train_memory.py [--quick]
     nice -n 10 python benchmarks/train_memory.py --add-factor 64   # then: a 64x corpus, merged in
     nice -n 10 python benchmarks/train_memory.py --speed-arms 3    # then: words/s by piece length and cut
+    python benchmarks/train_memory.py --gpu-id 0 --threads 4        # on a GPU: also peak GPU memory
+
+With --gpu-id every run trains on that GPU (`--gpu-id` for one process; with --nproc 2,
+one GPU per rank where there are two, else both ranks on it over gloo) and each log line
+records torch's peak allocated GPU memory so far (spaCy's configs put cupy on torch's
+allocator, so that counts thinc's arrays too): the run's "peak_gpu_mb" is rank 0's.
+Results then go to benchmarks/results/train_memory_gpu.json.
 """
 import argparse
 import json
@@ -31,10 +38,22 @@ from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_memory.json"
+GPU_RESULTS = ROOT / "benchmarks" / "results" / "train_memory_gpu.json"
 
 LOGGER_CODE = '''
 import json, time
 from spacy.util import registry
+
+
+def peak_gpu_mb():
+    """torch's peak allocated GPU memory of this process so far, or None without CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return torch.cuda.max_memory_allocated() / 2 ** 20
 
 
 @registry.loggers("bench.jsonl_logger.v1")
@@ -48,7 +67,7 @@ def make_jsonl_logger(path: str):
             scores = {k: v for k, v in info["other_scores"].items() if isinstance(v, (int, float))}
             out.write(json.dumps({"step": info["step"], "words": info["words"],
                                   "time": time.perf_counter(), "score": info["score"],
-                                  "scores": scores}) + "\\n")
+                                  "scores": scores, "peak_gpu_mb": peak_gpu_mb()}) + "\\n")
             out.flush()
 
         return log_step, out.close
@@ -184,6 +203,7 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
     ]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
+    command += gpu_options(args.gpu_id, nproc)
     if kind == "lean_window100" or tag.startswith("-w100"):
         command += ["--corpora.train.shuffle_buffer", "100", "--training.batcher.window", "100"]
     command += SPEED_OVERRIDES.get(kind, [])
@@ -204,6 +224,8 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         "seed": seed,
         "nproc": nproc,
         "peak_rss_mb": round(result["peak_rss"] / 2**20, 1),
+        "peak_gpu_mb": max((x["peak_gpu_mb"] for x in logs if x.get("peak_gpu_mb") is not None),
+                           default=None),
         "wall_s": round(result["wall_s"], 1),
         "cpu_s": round(result["cpu_s"], 1),
         "words": last["words"],
@@ -213,6 +235,21 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         "steps": last["step"],
         "loadavg_after": os.getloadavg(),
     }
+
+
+def gpu_options(gpu_id: int, nproc: int) -> List[str]:
+    """The command's GPU options: none on the CPU (gpu_id < 0); `--gpu-id` for one
+    process; for several, one GPU per rank from gpu_id on where there are enough, else
+    all on gpu_id, over gloo (nccl refuses two ranks on one GPU)."""
+    if gpu_id < 0:
+        return []
+    if nproc == 1:
+        return ["--gpu-id", str(gpu_id)]
+    import torch
+
+    if torch.cuda.device_count() >= gpu_id + nproc:
+        return ["--gpu-ids", ",".join(str(gpu_id + i) for i in range(nproc))]
+    return ["--gpu-ids", ",".join([str(gpu_id)] * nproc), "--dist-backend", "gloo"]
 
 
 def _growth(by_train, into):
@@ -260,6 +297,13 @@ def summarize(runs):
             },
         }
         _growth(summary[kind]["peak_rss_mb_by_train_size"], summary[kind])
+        if any(r.get("peak_gpu_mb") is not None for r in seeds):
+            summary[kind]["peak_gpu_mb_by_train_size"] = {
+                r["train"]: r["peak_gpu_mb"] for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
+            }
+            summary[kind]["peak_gpu_mb_by_dev_size"] = {
+                r["dev"]: r["peak_gpu_mb"] for r in pick(system=kind, train="train1", seed=0, nproc=1)
+            }
         by_dev = summary[kind]["peak_rss_mb_by_dev_size"]
         if "dev1" in by_dev and "dev8" in by_dev:
             summary[kind]["rss_growth_dev_1x_to_8x"] = round(by_dev["dev8"] / by_dev["dev1"] - 1, 4)
@@ -355,7 +399,10 @@ def main():
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"results file (default {RESULTS.name}; with --gpu-id {GPU_RESULTS.name})")
+    parser.add_argument("--gpu-id", type=int, default=-1,
+                        help="train on this GPU and record peak GPU memory (-1: the CPU)")
     parser.add_argument("--only-extra", action="store_true",
                         help="run only the extra arms, keeping the other runs in --output")
     parser.add_argument("--trim-arms", type=int, default=0, metavar="REPEATS",
@@ -373,6 +420,8 @@ def main():
                         "interleaved, keeping the other runs in --output: words/s and dev F against the "
                         "ner parser's sequential steps")
     args = parser.parse_args()
+    if args.output is None:
+        args.output = GPU_RESULTS if args.gpu_id >= 0 else RESULTS
     factors, dev_factors = (1, 4, 16), (1, 8)
     if args.speed_arms:
         factors, dev_factors = (1,), (1,)
@@ -444,13 +493,22 @@ def merge_into(args, words, replaced):
     return kept, {**old.get("corpus_words", {}), **words}
 
 
+def gpu_name(gpu_id: int):
+    if gpu_id < 0:
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(gpu_id)
+
+
 def save(args, words, runs):
     result = {
         "benchmark": "train_memory",
         # A run merged into an earlier one (--only-extra, --add-factor, --trim-arms)
         # appends itself to the earlier command.
         "command": getattr(args, "merged_into", "nice -n 10 python benchmarks/train_memory.py"
-                           + (" --quick" if args.quick else ""))
+                           + (" --quick" if args.quick else "")
+                           + (f" --gpu-id {args.gpu_id}" if args.gpu_id >= 0 else ""))
         + (" (then --only-extra)" if args.only_extra else "")
         + (f" (then --add-factor {args.add_factor})" if args.add_factor else "")
         + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else "")
@@ -461,7 +519,7 @@ def save(args, words, runs):
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "gpu": None,
+            "gpu": gpu_name(args.gpu_id),
             "loadavg_end": os.getloadavg(),
         },
         # One entry per run, for benchmarks/plot.py.

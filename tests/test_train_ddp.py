@@ -407,3 +407,61 @@ def test_agree_on_overflow_in_one_process_keeps_the_local_flags():
     scalers[1]._found_inf = True
     assert agree_on_overflow(DistContext(), scalers) == [False, True]
     assert agree_on_overflow(DistContext(), []) == []
+
+
+def test_dist_backend_is_checked_before_anything_starts(setup, tmp_path):
+    proc = run_train(setup, tmp_path / "nccl", "--nproc", "2", "--dist-backend", "nccl")
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and "--dist-backend nccl needs GPUs: give --gpu-ids" in out
+    proc = run_train(setup, tmp_path / "mpi", "--dist-backend", "mpi")
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and "must be one of auto, nccl, gloo, got 'mpi'" in out
+    assert not (tmp_path / "nccl").exists() and not (tmp_path / "mpi").exists()
+
+
+def test_context_backend_choice():
+    from spacy_lean.training.dist import context_from_env
+
+    auto = context_from_env([0])
+    assert auto.backend is None and auto.gpu_id == 0  # init picks nccl for a GPU
+    gloo = context_from_env([0], backend="gloo")
+    # gloo with a GPU: the collectives' buffers live in host memory.
+    assert gloo.backend == "gloo" and str(gloo.device) == "cpu"
+    assert str(context_from_env([1], backend="nccl").device) == "cuda:1"
+    with pytest.raises(ValueError, match="nccl needs GPUs"):
+        context_from_env([], backend="nccl")
+
+
+# On a GPU. With one GPU, two ranks share it over gloo (nccl refuses two ranks on one
+# device); with two or more, nccl. Tolerance 1e-4 absolute on the weights after 3 SGD
+# steps (GPU and CPU kernels sum in other orders), while the steps move them by more
+# than 1e-3 (test_two_ranks_batch_b_equal_one_rank_batch_2b).
+GPU_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def gpu_one_rank(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_one_rank")
+    proc = run_train(setup, out, "--gpu-ids", "0", "--training.batcher.size", "8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.mark.gpu
+def test_gpu_training_gives_the_cpu_weights(one_rank, gpu_one_rank):
+    diff = max_diff(params_of(one_rank[0] / "model-last"), params_of(gpu_one_rank / "model-last"))
+    assert diff < GPU_TOL, diff
+
+
+@pytest.mark.gpu
+def test_two_gpu_ranks_batch_b_equal_one_gpu_rank_batch_2b(setup, gpu_one_rank, tmp_path):
+    if torch.cuda.device_count() >= 2:
+        args, backend = ["--gpu-ids", "0,1"], "nccl"
+    else:
+        args, backend = ["--gpu-ids", "0,0", "--dist-backend", "gloo"], "gloo"
+    proc = run_train(setup, tmp_path / "two", "--nproc", "2", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"Data-parallel: 2 ranks ({backend})" in " ".join(proc.stdout.split())
+    single = params_of(gpu_one_rank / "model-last")
+    diff = max_diff(single, params_of(tmp_path / "two" / "model-last"))
+    assert diff < GPU_TOL, diff

@@ -558,3 +558,55 @@ def test_spacy_lean_train_uses_the_config_callbacks_policy():
     assert fresh is not installed and fresh.max_padded_tokens == 64
     assert fresh.exact_parser_gradient is True and fresh.trim_heap_slack_mb == DEFAULT_TRIM_SLACK_MB
     assert update_policy(spacy.blank("en")).max_padded_tokens is None
+
+
+def run_oom_benchmark(tmp_path, *args):
+    """benchmarks/train_oom_gpu.py --quick in a fresh process (it calls require_gpu, or
+    replaces the cap with a hook: nothing of it may leak into this process)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "train_oom_gpu.py"
+    out = tmp_path / "result.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work"),
+         "--output", str(out), *args],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+
+    return json.loads(out.read_text())
+
+
+def check_oom_benchmark(result):
+    """A whole batch ran out of memory, lean_update split it and gave the same
+    gradients (relative 1e-3 of each array's largest value: GPU kernels sum in other
+    orders), every example once; stock nlp.update died of the same batch."""
+    policy = result["policy"]
+    assert policy["oom_errors"] >= 1 and policy["oom_splits"] >= 1
+    assert policy["examples"] == sum(b["docs"] for b in result["batches"])
+    assert policy["micro_batches"] > policy["batches"]
+    assert result["stock_update_under_cap"].endswith("OutOfMemoryError")
+    assert result["max_relative_gradient_difference"] < 1e-3
+    assert result["max_abs_difference_of_near_zero_gradients"] < 1e-5
+    for key, value in result["losses"]["stock"].items():
+        assert result["losses"]["lean"][key] == pytest.approx(value, rel=1e-4), key
+
+
+@pytest.mark.slow
+def test_oom_benchmark_script_on_the_cpu(tmp_path):
+    """The script's --cpu-check (a hook raises torch's error instead of a cap), so that
+    the GPU session's run of it does not fail on the script."""
+    result = run_oom_benchmark(tmp_path, "--cpu-check")
+    assert result["cpu_check"] and result["cap_mb"] is None
+    check_oom_benchmark(result)
+
+
+@pytest.mark.gpu
+def test_real_cuda_out_of_memory_is_split(tmp_path):
+    """A real CUDA out-of-memory error: the process capped with
+    torch.cuda.set_per_process_memory_fraction below a whole batch's need."""
+    result = run_oom_benchmark(tmp_path)
+    assert not result["cpu_check"] and result["cap_mb"] > 0
+    check_oom_benchmark(result)
+    # Under the cap: no micro-batch's peak went past what the cap left free.
+    assert max(result["lean_capped_peak_mb"]) <= result["cap_mb"]

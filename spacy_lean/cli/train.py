@@ -58,6 +58,7 @@ def train_cli(
     use_gpu: int = typer.Option(-1, "--gpu-id", "-g", help="GPU ID or -1 for CPU (one process; see --gpu-ids for several)"),
     gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help="Comma-separated GPU ids; local rank i uses the i-th (one process per GPU, nccl)"),
     nproc: int = typer.Option(1, "--nproc", "-n", help="Start this many processes on this machine (gloo on the CPU, nccl with GPUs). Under torchrun leave it at 1"),
+    dist_backend: str = typer.Option("auto", "--dist-backend", help="torch.distributed backend: auto (nccl with GPUs, gloo on the CPU), nccl or gloo (GPUs too: gradients summed through host memory; e.g. several ranks on one GPU)"),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in OUTPUT/training-state (any number of processes)"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for the others in a collective before the run fails"),
     max_padded_tokens: Optional[int] = typer.Option(None, "--max-padded-tokens", help="Ceiling in padded tokens per micro-batch (gradient accumulation by tokens)"),
@@ -84,8 +85,12 @@ def train_cli(
         msg.fail(f"--nproc must be >= 1, got {nproc}.", exits=1)
     if resume and output_path is None:
         msg.fail("--resume needs --output: the folder of the run to continue.", exits=1)
-    from ..training.dist import launch_local, launched_by_us
+    from ..training.dist import check_backend, launch_local, launched_by_us
 
+    try:
+        check_backend(dist_backend, ids)
+    except ValueError as err:
+        msg.fail(str(err), exits=1)
     if nproc > 1 and not launched_by_us():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             msg.fail(
@@ -108,7 +113,7 @@ def train_cli(
             argv.append("--resume")
         if max_padded_tokens is not None:
             argv += ["--max-padded-tokens", str(max_padded_tokens)]
-        argv += ["--timeout", str(timeout), *ctx.args]
+        argv += ["--dist-backend", dist_backend, "--timeout", str(timeout), *ctx.args]
         msg.info(f"Starting {nproc} processes")
         code = launch_local(argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text))
         if code:
@@ -124,6 +129,7 @@ def train_cli(
         resume=resume,
         timeout=timeout,
         max_padded_tokens=max_padded_tokens,
+        dist_backend=dist_backend,
     )
 
 
@@ -156,6 +162,7 @@ def train(
     resume: bool = False,
     timeout: float = 600.0,
     max_padded_tokens: Optional[int] = None,
+    dist_backend: str = "auto",
 ) -> None:
     """Run this process's rank of a training run (the rank comes from RANK/WORLD_SIZE).
 
@@ -166,6 +173,7 @@ def train(
     resume (bool): continue from output_path/training-state.
     timeout (float): collective timeout in seconds.
     max_padded_tokens (Optional[int]): see `spacy_lean.training.update.UpdatePolicy`.
+    dist_backend (str): "auto", "nccl" or "gloo" (see `context_from_env`).
     """
     from spacy.training.initialize import init_nlp
 
@@ -174,7 +182,7 @@ def train(
     from ..training.loop import train as train_nlp
 
     try:
-        dctx = context_from_env(gpu_ids, timeout_s=timeout)
+        dctx = context_from_env(gpu_ids, timeout_s=timeout, backend=dist_backend)
     except ValueError as err:
         Printer().fail(str(err), exits=1)
     msg = Printer(no_print=not dctx.is_main)

@@ -77,7 +77,7 @@ class DistContext:
                     f"{name} is not set: start the run with `spacy lean train --nproc N` or "
                     "under torchrun, which set it."
                 )
-        self.backend = "nccl" if self.gpu_id >= 0 else "gloo"
+        self.backend = self.backend or ("nccl" if self.gpu_id >= 0 else "gloo")
         kwargs: Dict[str, Any] = {}
         if self.backend == "nccl":  # pragma: no cover - needs GPUs
             import torch
@@ -147,14 +147,33 @@ class DistContext:
         ]
 
 
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def check_backend(backend: str, gpu_ids: Sequence[int]) -> None:
+    """Raise ValueError unless `backend` is one of BACKENDS and fits the devices."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if backend == "nccl" and not gpu_ids:
+        raise ValueError(
+            "--dist-backend nccl needs GPUs: give --gpu-ids (e.g. 0,1), or use gloo (or auto) "
+            "on the CPU."
+        )
+
+
 def context_from_env(
-    gpu_ids: Sequence[int] = (), timeout_s: float = DEFAULT_TIMEOUT_S
+    gpu_ids: Sequence[int] = (), timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "auto"
 ) -> DistContext:
     """Read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK); (0, 1, 0) when unset.
 
     gpu_ids (Sequence[int]): the GPUs of this machine's ranks; local rank i uses
         gpu_ids[i % len(gpu_ids)]. Empty: CPU.
+    backend (str): "auto" (nccl with GPUs, gloo on the CPU), "nccl" or "gloo". gloo with
+        GPUs trains on the GPUs and sums the gradients through host memory: slower than
+        nccl, but it works where nccl does not, e.g. several ranks sharing one GPU.
     """
+    check_backend(backend, gpu_ids)
+
     def read(name: str, default: int) -> int:
         value = os.environ.get(name)
         if value is None:
@@ -170,7 +189,8 @@ def context_from_env(
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE.")
     gpu_id = gpu_ids[local_rank % len(gpu_ids)] if gpu_ids else -1
-    return DistContext(rank, world, local_rank, gpu_id, timeout_s=timeout_s)
+    chosen = None if backend == "auto" else backend
+    return DistContext(rank, world, local_rank, gpu_id, backend=chosen, timeout_s=timeout_s)
 
 
 # -- parameters ---------------------------------------------------------------------

@@ -544,10 +544,11 @@ def lean_update(
                 raise BatchTooLargeError(
                     f"Out of memory updating on one doc alone: doc {i} of a batch of "
                     f"{len(examples)}, {lengths[i]} {policy.unit} long (starts "
-                    f"{text[:60]!r}). It cannot be split further. Shorten or split long "
-                    "docs before training (e.g. into sentences, or with lean_cleaner's "
-                    "length limit), or use less memory per doc (gradient_checkpointing, "
-                    "a shorter transformer window, mixed precision)."
+                    f"{text[:60]!r}). It cannot be split further. Split long docs before "
+                    "training: spacy-lean.Corpus.v1's max_length does it without losing "
+                    "annotation (e.g. --corpora.train.max_length 128); or use less memory "
+                    "per doc (gradient_checkpointing, a shorter transformer window, mixed "
+                    "precision)."
                 ) from err
         if failed is None:
             break
