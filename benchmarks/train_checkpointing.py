@@ -43,7 +43,7 @@ MODES = ["stock", "lean", "checkpointing", "ceiling", "checkpointing+ceiling"]
 
 def build_model(work: Path, seed: int = 0, overrides=None) -> Path:
     """Save an initialised (untrained) transformer + ner pipeline once (`overrides`: more
-    config overrides, e.g. train_oom_gpu.py's dropout 0)."""
+    config overrides, e.g. oom_gpu.py's dropout 0)."""
     import spacy
     from spacy.training import Example
     from spacy.util import fix_random_seed

@@ -31,8 +31,8 @@ print('spacy', spacy.__version__, 'thinc', thinc.__version__, 'transformers', tr
     python3 -m spacy lean --help > /dev/null || { echo "spacy lean is not registered"; exit 1; }
     python3 -m pytest -q -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log"
     status=${PIPESTATUS[0]}
-    python3 benchmarks/train_oom_gpu.py --output "$OUT/train_oom_gpu.json" > "$OUT/train_oom_gpu.log" 2>&1
-    echo "train_oom_gpu.py: rc $? (log and JSON in \$OUT)"
+    python3 benchmarks/oom_gpu.py --output "$OUT/oom_gpu.json" > "$OUT/oom_gpu.log" 2>&1
+    echo "oom_gpu.py: rc $? (log and JSON in \$OUT)"
     exit "$status"
     ;;
   bench)

@@ -561,9 +561,9 @@ def test_spacy_lean_train_uses_the_config_callbacks_policy():
 
 
 def run_oom_benchmark(tmp_path, *args):
-    """benchmarks/train_oom_gpu.py --quick in a fresh process (it calls require_gpu, or
+    """benchmarks/oom_gpu.py --quick in a fresh process (it calls require_gpu, or
     replaces the cap with a hook: nothing of it may leak into this process)."""
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "train_oom_gpu.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "oom_gpu.py"
     out = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
@@ -578,18 +578,27 @@ def run_oom_benchmark(tmp_path, *args):
 
 
 def check_oom_benchmark(result):
-    """A whole batch ran out of memory, lean_update split it and gave the same
+    """Training: a whole batch ran out of memory, lean_update split it and gave the same
     gradients (relative 1e-3 of each array's largest value: GPU kernels sum in other
-    orders), every example once; stock nlp.update died of the same batch."""
-    policy = result["policy"]
+    orders), every example once; stock nlp.update died of the same batch. Evaluation:
+    the streaming evaluator halved its batch and gave the uncapped scores, which are
+    nlp.evaluate's."""
+    training = result["training"]
+    policy = training["policy"]
     assert policy["oom_errors"] >= 1 and policy["oom_splits"] >= 1
     assert policy["examples"] == sum(b["docs"] for b in result["batches"])
     assert policy["micro_batches"] > policy["batches"]
-    assert result["stock_update_under_cap"].endswith("OutOfMemoryError")
-    assert result["max_relative_gradient_difference"] < 1e-3
-    assert result["max_abs_difference_of_near_zero_gradients"] < 1e-5
-    for key, value in result["losses"]["stock"].items():
-        assert result["losses"]["lean"][key] == pytest.approx(value, rel=1e-4), key
+    assert training["stock_update_under_cap"].endswith("OutOfMemoryError")
+    assert training["max_relative_gradient_difference"] < 1e-3
+    assert training["max_abs_difference_of_near_zero_gradients"] < 1e-5
+    for key, value in training["losses"]["stock"].items():
+        assert training["losses"]["lean"][key] == pytest.approx(value, rel=1e-4), key
+    evaluation = result["evaluation"]
+    assert evaluation["oom_backoffs"] and evaluation["oom_backoffs"][0][0] == evaluation["docs"]
+    assert evaluation["final_batch_size"] < evaluation["docs"]
+    assert evaluation["scores_differing_from_uncapped"] == []
+    assert evaluation["scores_differing_from_nlp_evaluate"] == []
+    assert evaluation["ents_f"] > 0  # the untrained ner finds some entities: scores to compare
 
 
 @pytest.mark.slow
@@ -597,16 +606,15 @@ def test_oom_benchmark_script_on_the_cpu(tmp_path):
     """The script's --cpu-check (a hook raises torch's error instead of a cap), so that
     the GPU session's run of it does not fail on the script."""
     result = run_oom_benchmark(tmp_path, "--cpu-check")
-    assert result["cpu_check"] and result["cap_mb"] is None
+    assert result["cpu_check"] and result["training"]["cap_mb"] is None
     check_oom_benchmark(result)
 
 
 @pytest.mark.gpu
 def test_real_cuda_out_of_memory_is_split(tmp_path):
     """A real CUDA out-of-memory error: the process capped with
-    torch.cuda.set_per_process_memory_fraction below a whole batch's need."""
+    torch.cuda.set_per_process_memory_fraction below a whole batch's need, in training
+    and in evaluation."""
     result = run_oom_benchmark(tmp_path)
-    assert not result["cpu_check"] and result["cap_mb"] > 0
+    assert not result["cpu_check"] and result["training"]["cap_mb"] > 0
     check_oom_benchmark(result)
-    # Under the cap: no micro-batch's peak went past what the cap left free.
-    assert max(result["lean_capped_peak_mb"]) <= result["cap_mb"]

@@ -1,0 +1,436 @@
+"""A real out-of-memory error on a GPU, in training and in evaluation (issue 10, part 1;
+the streaming evaluator's back-off).
+
+The pipeline is train_checkpointing.py's (a local, randomly initialised BERT, 4 layers,
+256 wide, strided spans of 128 wordpieces, + ner), with every source of randomness in an
+update off (the BERT's dropout 0, no random oracle cut) so that two runs can be compared.
+On the GPU (`require_gpu`, cupy on torch's allocator, so torch's counters see every
+allocation), each part measures uncapped first, then caps the process with
+`torch.cuda.set_per_process_memory_fraction` so that it may hold what it holds plus the
+midpoint of two peaks: the whole does not fit, a quarter does.
+
+Training:
+1. uncapped: stock `nlp.update(batch, sgd=False)` on each of `--batches` batches,
+   accumulating gradients (the reference); `lean_update` on the same batches (its
+   length-sorted span groups need less than stock) and on a quarter of one: peaks, seconds;
+2. capped between those two `lean_update` peaks: `lean_update` on the same batches (a
+   fresh copy of the same weights): its out-of-memory errors, splits and micro-batches,
+   seconds, peak; its accumulated gradients against the reference (largest difference per
+   array relative to the array's largest magnitude);
+3. capped, stock `nlp.update` on the first batch must raise an out-of-memory error.
+
+Evaluation: every doc of the batches as one dev set, `spacy_lean.evaluate`'s evaluator with
+one batch for all of them (no token budget, input order): uncapped (the reference scores,
+and `nlp.evaluate`'s), then capped between its peak and the peak of a quarter of the docs
+in one batch: its out-of-memory back-offs (batch sizes halved), and scores equal to the
+reference.
+
+    python benchmarks/oom_gpu.py                  # on a machine with CUDA
+    python benchmarks/oom_gpu.py --quick          # smaller batches
+    python benchmarks/oom_gpu.py --cpu-check      # no GPU: the cap replaced by a hook that
+                                                  # raises torch's OutOfMemoryError above the
+                                                  # midpoint in wordpieces per transformer call
+                                                  # (checks the script, not the GPU; not saved)
+
+Prints JSON and writes benchmarks/results/oom_gpu.json (with the device's name).
+"""
+import argparse
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results" / "oom_gpu.json"
+sys.path.insert(0, str(HERE))
+
+# No randomness in an update: two runs of the same batches must give the same gradients.
+DETERMINISTIC = {
+    "components.transformer.model.transformer_config": {
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    },
+    "components.ner.update_with_oracle_cut_size": 0,
+}
+
+
+def gradients(nlp):
+    """Every gradient of the pipeline (thinc's and torch's), in a fixed order, as numpy."""
+    out, seen = [], set()
+    for _, proc in nlp.pipeline:
+        model = getattr(proc, "model", None)
+        if model is None:
+            continue
+        for node in model.walk():
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for name in node.param_names:
+                grad = node.get_grad(name) if node.has_grad(name) else None
+                out.append(None if grad is None else node.ops.to_numpy(grad).copy())
+            for shim in node.shims:
+                for _, param in shim._model.named_parameters():
+                    grad = param.grad
+                    out.append(None if grad is None else grad.detach().cpu().numpy().copy())
+    return out
+
+
+def gradient_differences(got, expected, floor=1e-6):
+    """The largest difference per array relative to the array's largest magnitude, over
+    the arrays whose largest magnitude is at least `floor`; and the largest absolute
+    difference in the others (gradients that are zero in exact arithmetic, such as BERT's
+    attention key biases under softmax: float noise of ~1e-7, in any two runs)."""
+    import numpy
+
+    assert len(got) == len(expected), (len(got), len(expected))
+    relative, near_zero = 0.0, 0.0
+    for a, b in zip(got, expected):
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                return float("inf"), float("inf")
+            continue
+        if not b.size:
+            continue
+        scale, diff = float(numpy.abs(b).max()), float(numpy.abs(a - b).max())
+        if scale >= floor:
+            relative = max(relative, diff / scale)
+        else:
+            near_zero = max(near_zero, diff)
+    return relative, near_zero
+
+
+class Device:
+    """The GPU's counters, or (with --cpu-check) none."""
+
+    def __init__(self, cpu_check: bool):
+        import torch
+
+        self.torch = torch
+        self.cuda = not cpu_check
+        if self.cuda:
+            from thinc.api import require_gpu, set_gpu_allocator
+
+            if not torch.cuda.is_available():
+                raise SystemExit("No CUDA device: run on a GPU machine, or with --cpu-check.")
+            require_gpu(0)
+            set_gpu_allocator("pytorch")
+
+    def name(self):
+        return self.torch.cuda.get_device_name(0) if self.cuda else "cpu (--cpu-check)"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def release(self):
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+    def start_peak(self) -> int:
+        self.sync()
+        if not self.cuda:
+            return 0
+        self.torch.cuda.reset_peak_memory_stats()
+        return self.torch.cuda.memory_allocated()
+
+    def peak_since(self, base: int) -> float:
+        self.sync()
+        if not self.cuda:
+            return 0.0
+        return (self.torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+class WordpieceCounter:
+    """A forward pre-hook on the pipeline's Hugging Face model: records the wordpieces
+    of every call and (raise_above) raises torch's OutOfMemoryError above that many."""
+
+    def __init__(self, nlp, raise_above=None):
+        self.sizes = []
+        self.raise_above = raise_above
+        model = nlp.get_pipe("transformer").model.transformer
+        self.handle = model.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        import torch
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.sizes.append(int(ids.numel()))
+        if self.raise_above is not None and ids.numel() > self.raise_above:
+            raise torch.OutOfMemoryError("CUDA out of memory (--cpu-check: simulated)")
+
+    def remove(self):
+        self.handle.remove()
+
+
+def load(model, device):
+    import spacy
+
+    from spacy_lean.training import install_exact_parser_gradient
+
+    nlp = spacy.load(model)
+    # lean_update installs it too: the stock W gradient of the ner's lower layer depends
+    # on the grouping of examples, in one process as well (tests/test_train_oom.py).
+    install_exact_parser_gradient(nlp)
+    return nlp
+
+
+class Cap:
+    """Within the block, the process may hold `cap_mb` of GPU memory (or, with
+    --cpu-check, the pipelines' transformers raise torch's error above `wordpieces` per
+    call)."""
+
+    def __init__(self, device, cap_mb, wordpieces, nlps):
+        self.device, self.cap_mb, self.wordpieces, self.nlps = device, cap_mb, wordpieces, nlps
+        self.hooks = []
+
+    def __enter__(self):
+        torch = self.device.torch
+        if self.device.cuda:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(self.cap_mb * 2**20 / total, 0)
+        else:
+            self.hooks = [WordpieceCounter(nlp, raise_above=self.wordpieces) for nlp in self.nlps]
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+        if self.device.cuda:
+            self.device.torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def cap_between(device, small_peak, large_peak, small_calls, large_calls, args):
+    """The cap midway between two peaks, over what the process holds now; and the
+    --cpu-check limit midway between two largest transformer calls."""
+    device.release()
+    held = device.torch.cuda.memory_reserved() / 2**20 if device.cuda else 0.0
+    wordpieces = args.cpu_check_limit or (max(small_calls) + max(large_calls)) // 2
+    return held + (small_peak + large_peak) / 2, wordpieces
+
+
+def timed(device, func, *args, **kwargs):
+    """(result, seconds, peak MB since the call began)."""
+    base = device.start_peak()
+    start = time.perf_counter()
+    result = func(*args, **kwargs)
+    device.sync()
+    return result, time.perf_counter() - start, device.peak_since(base)
+
+
+def training(args, device, model, batches) -> dict:
+    from spacy_lean.training import OOMSplitWarning, UpdatePolicy, lean_update
+
+    # 1. Uncapped.
+    reference = load(model, device)
+    ref_losses, stock_seconds, stock_peaks = {}, [], []
+    for batch in batches:
+        _, seconds, peak = timed(device, reference.update, batch, sgd=False, losses=ref_losses)
+        stock_seconds.append(seconds)
+        stock_peaks.append(peak)
+    ref_grads = gradients(reference)
+    del reference
+    device.release()
+    uncapped = load(model, device)
+    calls = WordpieceCounter(uncapped)
+    uncapped_seconds, uncapped_peaks = [], []
+    for batch in batches:
+        _, seconds, peak = timed(device, lean_update, uncapped, batch, policy=UpdatePolicy())
+        uncapped_seconds.append(seconds)
+        uncapped_peaks.append(peak)
+    calls.remove()
+    del uncapped
+    device.release()
+    quarter_nlp = load(model, device)
+    quarter_calls = WordpieceCounter(quarter_nlp)
+    quarter = batches[0][: max(1, len(batches[0]) // 4)]
+    _, _, quarter_peak = timed(device, lean_update, quarter_nlp, quarter, policy=UpdatePolicy())
+    quarter_calls.remove()
+    del quarter_nlp
+
+    # 2. Capped: a whole batch does not fit (lean_update's included), a quarter does.
+    lean = load(model, device)
+    stock = load(model, device)
+    cap_mb, wordpieces = cap_between(
+        device, quarter_peak, min(uncapped_peaks), quarter_calls.sizes, calls.sizes, args
+    )
+    policy = UpdatePolicy()
+    lean_losses, lean_seconds, lean_peaks = {}, [], []
+    with Cap(device, cap_mb, wordpieces, [lean, stock]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", OOMSplitWarning)
+            for batch in batches:
+                _, seconds, peak = timed(
+                    device, lean_update, lean, batch, losses=lean_losses, policy=policy
+                )
+                lean_seconds.append(seconds)
+                lean_peaks.append(peak)
+        lean_grads = gradients(lean)
+        del lean
+        device.release()
+        # 3. Stock, capped: it dies of the first batch.
+        stock_error = None
+        try:
+            stock.update(batches[0], sgd=False)
+        except Exception as err:  # torch's or cupy's out-of-memory error
+            stock_error = f"{type(err).__module__}.{type(err).__name__}"
+    del stock
+    device.release()
+    relative, near_zero = gradient_differences(lean_grads, ref_grads)
+    return {
+        "stock_peak_mb": stock_peaks,
+        "lean_uncapped_peak_mb": uncapped_peaks,
+        "lean_quarter_batch_peak_mb": quarter_peak,
+        "cap_mb": cap_mb if device.cuda else None,
+        "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
+        "largest_transformer_call_wordpieces": {
+            "whole": max(calls.sizes), "quarter": max(quarter_calls.sizes)},
+        "stock_seconds": stock_seconds,
+        "lean_uncapped_seconds": uncapped_seconds,
+        "lean_capped_seconds": lean_seconds,
+        "lean_capped_peak_mb": lean_peaks,
+        "lean_capped_time_ratio_to_stock": sum(lean_seconds) / sum(stock_seconds),
+        "lean_uncapped_time_ratio_to_stock": sum(uncapped_seconds) / sum(stock_seconds),
+        "policy": policy.stats(),
+        "learned_limits": {str(k): v for k, v in policy.learned_limits.items()},
+        "warnings": sorted(
+            {str(w.message) for w in caught if issubclass(w.category, OOMSplitWarning)}
+        ),
+        "stock_update_under_cap": stock_error or "finished (the cap did not bind)",
+        "max_relative_gradient_difference": relative,
+        "max_abs_difference_of_near_zero_gradients": near_zero,
+        "losses": {"stock": {k: float(v) for k, v in ref_losses.items()},
+                   "lean": {k: float(v) for k, v in lean_losses.items()}},
+    }
+
+
+def evaluation(args, device, model, batches) -> dict:
+    from spacy.training import Example
+
+    from spacy_lean.streaming import StreamingEvaluator
+
+    nlp = load(model, device)
+    golds = [eg.reference for batch in batches for eg in batch]
+
+    def examples(docs):
+        return [Example(nlp.make_doc(doc.text), doc) for doc in docs]
+
+    events = []
+
+    def evaluator(size):
+        # One batch of `size` docs in the input order, no token budget: the cap alone
+        # decides whether it fits.
+        return StreamingEvaluator(
+            nlp, batch_size=size, window_size=0, max_batch_tokens=10**9,
+            on_oom=lambda failed, new: events.append((failed, new)),
+        )
+
+    stock_scores, stock_seconds, stock_peak = timed(
+        device, nlp.evaluate, examples(golds), batch_size=len(golds)
+    )
+    calls = WordpieceCounter(nlp)
+    whole = evaluator(len(golds))
+    _, whole_seconds, whole_peak = timed(device, whole.run, examples(golds))
+    reference = whole.state.result()
+    calls.remove()
+    quarter_golds = golds[: max(1, len(golds) // 4)]
+    quarter_calls = WordpieceCounter(nlp)
+    quarter = evaluator(len(quarter_golds))
+    _, _, quarter_peak = timed(device, quarter.run, examples(quarter_golds))
+    quarter_calls.remove()
+    del whole, quarter
+    cap_mb, wordpieces = cap_between(
+        device, quarter_peak, whole_peak, quarter_calls.sizes, calls.sizes, args
+    )
+    events.clear()
+    capped = evaluator(len(golds))
+    with Cap(device, cap_mb, wordpieces, [nlp]):
+        _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
+    scores = capped.state.result()
+    differ = sorted(
+        key for key in reference
+        if key != "speed" and json.dumps(scores.get(key), sort_keys=True)
+        != json.dumps(reference[key], sort_keys=True)
+    )
+    return {
+        "docs": len(golds),
+        "nlp_evaluate_peak_mb": stock_peak,
+        "nlp_evaluate_seconds": stock_seconds,
+        "uncapped_peak_mb": whole_peak,
+        "uncapped_seconds": whole_seconds,
+        "quarter_peak_mb": quarter_peak,
+        "cap_mb": cap_mb if device.cuda else None,
+        "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
+        "capped_peak_mb": capped_peak,
+        "capped_seconds": capped_seconds,
+        "oom_backoffs": [list(pair) for pair in events],
+        "final_batch_size": capped.batch_size,
+        "scores_differing_from_uncapped": differ,
+        "scores_differing_from_nlp_evaluate": sorted(
+            key for key in stock_scores
+            if key != "speed" and json.dumps(reference.get(key), sort_keys=True)
+            != json.dumps(stock_scores[key], sort_keys=True)
+        ),
+        "ents_f": scores.get("ents_f"),
+        "ents_p": scores.get("ents_p"),
+    }
+
+
+def run(args) -> dict:
+    import torch
+
+    from train_checkpointing import build_model, make_batches
+
+    device = Device(args.cpu_check)
+    work = Path(args.work or tempfile.mkdtemp(prefix="oom_gpu_"))
+    model = build_model(work, overrides=DETERMINISTIC)
+    nlp = load(model, device)
+    batches = make_batches(nlp, args.batches, args.batch_tokens, seed=7)
+    del nlp
+    device.release()
+    return {
+        "benchmark": "oom_gpu",
+        "command": "python benchmarks/oom_gpu.py" + (" --quick" if args.quick else ""),
+        "device": device.name(),
+        "cpu_check": args.cpu_check,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "cuda": torch.version.cuda},
+        "model": "BERT 4 layers x 256 (random init, local WordPiece vocab) + ner; spans of 128",
+        "batches": [{"docs": len(b), "tokens": sum(len(eg.predicted) for eg in b),
+                     "longest": max(len(eg.predicted) for eg in b)} for b in batches],
+        "training": training(args, device, model, batches),
+        "evaluation": evaluation(args, device, model, batches),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--batch-tokens", type=int, default=8000)
+    parser.add_argument("--quick", action="store_true", help="batches of ~2,000 tokens")
+    parser.add_argument("--cpu-check", action="store_true",
+                        help="no GPU: a simulated out-of-memory error (checks the script; not saved)")
+    parser.add_argument("--cpu-check-limit", type=int, default=0,
+                        help="--cpu-check: wordpieces per transformer call above which it "
+                        "raises (default: midway between the largest calls on a quarter and on "
+                        "the whole)")
+    parser.add_argument("--work", default=None, help="folder for the model (default: a temp dir)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"where to write the JSON (default {RESULTS}; --cpu-check: nowhere)")
+    args = parser.parse_args()
+    if args.quick:
+        args.batch_tokens = 2000
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    output = args.output or (None if args.cpu_check else RESULTS)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=2), encoding="utf8")
+
+
+if __name__ == "__main__":
+    main()
