@@ -34,6 +34,12 @@ class WordpieceCounter:
             ) from err
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+            if getattr(tokenizer, "add_prefix_space", None) is False:
+                # Byte-level BPE (RoBERTa, GPT-2) takes pre-split words only with a prefix
+                # space: each word is then counted as the model sees it after a space.
+                tokenizer = AutoTokenizer.from_pretrained(
+                    str(path), use_fast=True, add_prefix_space=True
+                )
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"Could not load a tokenizer from '{path}' ({err}). Give the folder "
