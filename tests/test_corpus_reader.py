@@ -1,6 +1,7 @@
 """spacy-lean.Corpus.v1: sources, limit, shuffle, compact mode, resume, ranks, errors."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -454,3 +455,17 @@ def test_entry_points_declared(group, name, func):
 
     found = [ep for ep in entry_points(group=group) if ep.name == name]
     assert len(found) == 1 and found[0].load().__name__ == func
+
+
+def test_share_by_shard_warns_a_worker_left_without_shards(nlp, shard_dir):
+    """One big .spacy file (or fewer shards than workers) with share_by = "shard": a
+    worker got no data at all and `spacy lean train --nproc 2` silently trained on one
+    rank's data, at one rank's speed. The worker left out now warns, naming the fix."""
+    single = shard_dir / "b.spacy"
+    left_out = LeanCorpus(single, share_by="shard", instance_rank=1, num_instances=2)
+    with pytest.warns(UserWarning, match=r"1 shard\(s\) for 2 workers.*share_by = 'doc'"):
+        assert list(left_out(nlp)) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(LeanCorpus(single, share_by="shard", instance_rank=0, num_instances=2)(nlp))
+        assert list(LeanCorpus(single, share_by="doc", instance_rank=1, num_instances=2)(nlp))

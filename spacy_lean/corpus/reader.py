@@ -183,6 +183,7 @@ class LeanCorpus:
         self._resume: Optional[Dict[str, Any]] = None
         self._last_stream: Optional["CorpusStream"] = None
         self._warned_oversize = False
+        self._warned_share = False
 
     # ----- public API -----
 
@@ -304,7 +305,18 @@ class LeanCorpus:
         if plan is not None:
             units = [u for u in units if u in plan]
         if self.share_by == "shard":
-            units = split_among(units, *self.rank_and_size)
+            rank, size = self.rank_and_size
+            if rank >= len(units) and not self._warned_share:
+                self._warned_share = True
+                warnings.warn(
+                    f"spacy-lean.Corpus.v1 ({self.path}): share_by = 'shard' gives "
+                    f"{len(units)} shard(s) for {size} workers: worker {rank} gets no data. Use "
+                    "share_by = 'doc' (every worker takes its share of the docs of every "
+                    "shard), or write at least as many shards as workers with `python -m "
+                    "spacy lean shard`.",
+                    UserWarning,
+                )
+            units = split_among(units, rank, size)
         return units
 
     def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
