@@ -469,3 +469,20 @@ def test_share_by_shard_warns_a_worker_left_without_shards(nlp, shard_dir):
         warnings.simplefilter("error")
         assert list(LeanCorpus(single, share_by="shard", instance_rank=0, num_instances=2)(nlp))
         assert list(LeanCorpus(single, share_by="doc", instance_rank=1, num_instances=2)(nlp))
+
+
+def test_compact_chunks_follow_the_workers_share(nlp, shard_dir, monkeypatch):
+    """`spacy lean train --nproc 2` initializes the pipeline with RANK/WORLD_SIZE hidden,
+    and spaCy's initialize reads the train corpus: the compact chunks were built then,
+    with the whole corpus, and every rank then trained on all of it (each doc N times
+    per epoch). The chunks are rebuilt when the worker's share changes."""
+    corpus = LeanCorpus(shard_dir, compact=True, max_length=20)
+    everything = [key(eg) for eg in corpus(nlp)]  # the initialize call: one worker
+    shares = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        expected = [key(eg) for eg in LeanCorpus(shard_dir, max_length=20)(nlp)]
+        shares.append([key(eg) for eg in corpus(nlp)])
+        assert shares[-1] == expected
+    assert sorted(shares[0] + shares[1]) == sorted(everything)

@@ -180,6 +180,7 @@ class LeanCorpus:
         self._limit_plan: Optional[Dict[int, int]] = None
         self._compact_chunks: Optional[List[bytes]] = None
         self._compact_stats: Optional[CorpusStats] = None
+        self._compact_share: Optional[Tuple[int, int]] = None  # (rank, size) built for
         self._resume: Optional[Dict[str, Any]] = None
         self._last_stream: Optional["CorpusStream"] = None
         self._warned_oversize = False
@@ -353,6 +354,8 @@ class LeanCorpus:
         stats = CorpusStats()
         chunks: List[bytes] = []
         doc_bin = DocBin(store_user_data=True)
+        self._compact_chunks = None
+        self._compact_share = self.rank_and_size
         self.compact = False  # read the files while building
         try:
             for unit in self._units():
@@ -493,7 +496,11 @@ class CorpusStream:
 
     def _pieces(self) -> Iterator[Doc]:
         corpus, nlp = self.corpus, self.nlp
-        if corpus.compact and corpus._compact_chunks is None:
+        # Built on the first call, and again when this worker's share changed (spacy
+        # lean train initializes the pipeline, which reads the corpus, as one worker).
+        if corpus.compact and (
+            corpus._compact_chunks is None or corpus._compact_share != corpus.rank_and_size
+        ):
             corpus._build_compact(nlp)
         stats = CorpusStats()
         corpus.stats = stats
