@@ -1,6 +1,7 @@
 """spacy-lean.Corpus.v1: sources, limit, shuffle, compact mode, resume, ranks, errors."""
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -370,6 +371,20 @@ def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):
         examples = list(corpus(nlp))
     assert [len(eg.reference) for eg in examples] == [1, 7, 2]
     assert corpus.stats.oversize_pieces == 1
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_oversize_warning_names_the_file_the_doc_and_the_length(nlp, tmp_path, compact):
+    """In a folder of shards, the warning named only the folder: it now names the
+    file, the doc (its index in the file) and the piece's length."""
+    docs = [Doc(nlp.vocab, words=list("abcdef")) for _ in range(3)]
+    docs[2].ents = [Span(docs[2], 0, 5, label="LONG")]
+    DocBin(docs=[Doc(nlp.vocab, words=["x"])]).to_disk(tmp_path / "a.spacy")
+    DocBin(docs=docs).to_disk(tmp_path / "b.spacy")
+    corpus = LeanCorpus(tmp_path, max_length=3, compact=compact)
+    where = re.escape(f"doc 2 of '{tmp_path / 'b.spacy'}' has a piece of 5 tokens")
+    with pytest.warns(UserWarning, match=where + ".*max_length=3.*kept whole, not dropped"):
+        list(corpus(nlp))
 
 
 @pytest.mark.filterwarnings("ignore:spacy-lean.Corpus.v1")

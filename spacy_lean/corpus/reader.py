@@ -359,7 +359,8 @@ class LeanCorpus:
         self.compact = False  # read the files while building
         try:
             for unit in self._units():
-                for _, pieces in self._unit_pieces(nlp, unit, stats):
+                for d, pieces in self._unit_pieces(nlp, unit, stats):
+                    self._note_oversize(stats, unit, d)
                     for piece in pieces:
                         docbin_add(doc_bin, piece)
                         if len(doc_bin) >= self.compact_chunk:
@@ -407,14 +408,25 @@ class LeanCorpus:
             return Example(Doc(nlp.vocab, words=words, spaces=spaces), ref)
         return Example(nlp.make_doc(ref.text), ref)
 
-    def _note_oversize(self, stats: SplitStats) -> None:
+    def _note_oversize(
+        self, stats: SplitStats, unit: Optional[int] = None, doc: Optional[int] = None
+    ) -> None:
+        """Warn once, at the first piece longer than max_length (`unit` and `doc`: the
+        shard and the doc just split, which the warning names)."""
         if stats.oversize_pieces and not self._warned_oversize:
             self._warned_oversize = True
+            where = f" ({self.path}): a piece"
+            if unit is not None:
+                length = "wordpieces" if self.wordpiece_tokenizer else "tokens"
+                where = (
+                    f": doc {doc} of '{self.shards[unit]}' has a piece of "
+                    f"{stats.max_oversize} {length},"
+                )
             warnings.warn(
-                f"spacy-lean.Corpus.v1 ({self.path}): a piece is longer than "
-                f"max_length={self.max_length} because an entity, span or token in it is "
-                "longer; it is kept whole, not dropped. See corpus.stats.oversize_pieces "
-                "(and give the batcher a budget that fits it).",
+                f"spacy-lean.Corpus.v1{where} longer than max_length={self.max_length} "
+                "because an entity, span or token in it is longer; it is kept whole, not "
+                "dropped. See corpus.stats.oversize_pieces (and give the batcher a budget "
+                "that fits it).",
                 UserWarning,
             )
 
@@ -524,7 +536,7 @@ class CorpusStream:
                 unit = order[p]
                 skip = doc_start if p == pos else 0
                 for d, pieces in corpus._unit_pieces(nlp, unit, split_stats, skip):
-                    corpus._note_oversize(split_stats)
+                    corpus._note_oversize(split_stats, unit, d)
                     first = piece_start if (p == pos and d == doc_start) else 0
                     for k in range(first, len(pieces)):
                         self._pos = (p, d, k + 1)
