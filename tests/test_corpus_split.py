@@ -324,3 +324,23 @@ def test_wordpiece_counter_with_a_byte_level_bpe_tokenizer(nlp, tmp_path):
     assert abs(sum(lengths) - n_text) <= 2
     pieces = DocSplitter(8, get_token_lengths=counter.token_lengths, n_special=2)(doc)
     assert len(pieces) > 1 and sum(len(p) for p in pieces) == len(doc)
+
+
+def test_counting_a_long_doc_does_not_warn_of_indexing_errors(nlp, tiny_transformer):
+    """Measuring a doc longer than the model's maximum (to split it) logged
+    transformers' "Token indices sequence length is longer than the specified maximum
+    sequence length for this model ... will result in indexing errors"."""
+    import logging
+
+    counter = WordpieceCounter(tiny_transformer)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        doc = nlp(" ".join(["word"] * (counter.tokenizer.model_max_length + 10)))
+        assert sum(counter.token_lengths(doc)) > counter.tokenizer.model_max_length
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "indexing errors" in r.getMessage()]

@@ -60,7 +60,11 @@ class WordpieceCounter:
         counts = [0] * len(words)
         if not words:
             return counts
-        enc = self.tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+        # verbose=False: a doc longer than the model's maximum is measured to be split,
+        # not run through the model (transformers would warn of "indexing errors").
+        enc = self.tokenizer(
+            words, is_split_into_words=True, add_special_tokens=False, verbose=False
+        )
         for word_id in enc.word_ids():
             if word_id is not None:
                 counts[word_id] += 1
