@@ -290,6 +290,18 @@ def test_jsonl_source(nlp, tmp_path):
     assert [e.text for e in as_ents[1].reference.ents] == ["Nobody"]
 
 
+def test_jsonl_with_a_byte_order_mark(nlp, tmp_path):
+    """A .jsonl file saved by Windows tools starts with a UTF-8 byte order mark (and
+    has CRLF line ends): its first line was refused as "not valid JSON", though it
+    looks valid in any editor."""
+    path = tmp_path / "bom.jsonl"
+    lines = ['{"text": "Ada met Bo", "entities": [[0, 3, "PER"]]}', '{"text": "in Oslo"}']
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf8") + b"\r\n")
+    examples = list(LeanCorpus(path, limit=2)(nlp))
+    assert [eg.reference.text for eg in examples] == ["Ada met Bo", "in Oslo"]
+    assert [e.text for e in examples[0].reference.ents] == ["Ada"]
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])

@@ -35,7 +35,8 @@ def iter_jsonl_docs(
 
 def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
     """(line number, record) for each non-blank line, with errors that name the line."""
-    with Path(path).open("r", encoding="utf8") as f:
+    # utf-8-sig: a byte order mark (files saved by Windows tools) is not part of line 1.
+    with Path(path).open("r", encoding="utf-8-sig") as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue
