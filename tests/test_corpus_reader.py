@@ -302,6 +302,25 @@ def test_jsonl_with_a_byte_order_mark(nlp, tmp_path):
     assert [e.text for e in examples[0].reference.ents] == ["Ada"]
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_jsonl_count_is_what_is_read(nlp, tmp_path, end):
+    """`limit` and the parts of `spacy lean evaluate --workers` count a .jsonl file's
+    records; the count read the bytes (skipping ASCII-blank lines, splitting at "\\n"
+    only) while the reader reads text (skipping Unicode-blank lines, splitting at "\\r"
+    too): a line holding a no-break space, or old Mac line ends, made them disagree,
+    and a part could miss the file's last docs."""
+    from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
+
+    path = tmp_path / "c.jsonl"
+    lines = ["\ufeff", '{"text": "a b"}', "\u00a0", '{"text": "c"}', "  ", '{"text": "d e f"}']
+    path.write_bytes(end.join(lines).encode("utf8") + end.encode("utf8"))
+    docs = list(iter_shard_docs(path, nlp.vocab, nlp=nlp))
+    assert [d.text for d in docs] == ["a b", "c", "d e f"]
+    assert count_shard_docs(path) == 3
+    parts = [iter_shard_docs(path, nlp.vocab, nlp=nlp, part=(k, 2)) for k in range(2)]
+    assert [d.text for part in parts for d in part] == ["a b", "c", "d e f"]
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])
