@@ -1,6 +1,8 @@
 """spacy-lean.Corpus.v1: sources, limit, shuffle, compact mode, resume, ranks, errors."""
 
 import json
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -288,6 +290,37 @@ def test_jsonl_source(nlp, tmp_path):
     assert [e.text for e in as_ents[1].reference.ents] == ["Nobody"]
 
 
+def test_jsonl_with_a_byte_order_mark(nlp, tmp_path):
+    """A .jsonl file saved by Windows tools starts with a UTF-8 byte order mark (and
+    has CRLF line ends): its first line was refused as "not valid JSON", though it
+    looks valid in any editor."""
+    path = tmp_path / "bom.jsonl"
+    lines = ['{"text": "Ada met Bo", "entities": [[0, 3, "PER"]]}', '{"text": "in Oslo"}']
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf8") + b"\r\n")
+    examples = list(LeanCorpus(path, limit=2)(nlp))
+    assert [eg.reference.text for eg in examples] == ["Ada met Bo", "in Oslo"]
+    assert [e.text for e in examples[0].reference.ents] == ["Ada"]
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_jsonl_count_is_what_is_read(nlp, tmp_path, end):
+    """`limit` and the parts of `spacy lean evaluate --workers` count a .jsonl file's
+    records; the count read the bytes (skipping ASCII-blank lines, splitting at "\\n"
+    only) while the reader reads text (skipping Unicode-blank lines, splitting at "\\r"
+    too): a line holding a no-break space, or old Mac line ends, made them disagree,
+    and a part could miss the file's last docs."""
+    from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
+
+    path = tmp_path / "c.jsonl"
+    lines = ["\ufeff", '{"text": "a b"}', "\u00a0", '{"text": "c"}', "  ", '{"text": "d e f"}']
+    path.write_bytes(end.join(lines).encode("utf8") + end.encode("utf8"))
+    docs = list(iter_shard_docs(path, nlp.vocab, nlp=nlp))
+    assert [d.text for d in docs] == ["a b", "c", "d e f"]
+    assert count_shard_docs(path) == 3
+    parts = [iter_shard_docs(path, nlp.vocab, nlp=nlp, part=(k, 2)) for k in range(2)]
+    assert [d.text for part in parts for d in part] == ["a b", "c", "d e f"]
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])
@@ -369,6 +402,20 @@ def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):
         examples = list(corpus(nlp))
     assert [len(eg.reference) for eg in examples] == [1, 7, 2]
     assert corpus.stats.oversize_pieces == 1
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_oversize_warning_names_the_file_the_doc_and_the_length(nlp, tmp_path, compact):
+    """In a folder of shards, the warning named only the folder: it now names the
+    file, the doc (its index in the file) and the piece's length."""
+    docs = [Doc(nlp.vocab, words=list("abcdef")) for _ in range(3)]
+    docs[2].ents = [Span(docs[2], 0, 5, label="LONG")]
+    DocBin(docs=[Doc(nlp.vocab, words=["x"])]).to_disk(tmp_path / "a.spacy")
+    DocBin(docs=docs).to_disk(tmp_path / "b.spacy")
+    corpus = LeanCorpus(tmp_path, max_length=3, compact=compact)
+    where = re.escape(f"doc 2 of '{tmp_path / 'b.spacy'}' has a piece of 5 tokens")
+    with pytest.warns(UserWarning, match=where + ".*max_length=3.*kept whole, not dropped"):
+        list(corpus(nlp))
 
 
 @pytest.mark.filterwarnings("ignore:spacy-lean.Corpus.v1")
@@ -454,3 +501,34 @@ def test_entry_points_declared(group, name, func):
 
     found = [ep for ep in entry_points(group=group) if ep.name == name]
     assert len(found) == 1 and found[0].load().__name__ == func
+
+
+def test_share_by_shard_warns_a_worker_left_without_shards(nlp, shard_dir):
+    """One big .spacy file (or fewer shards than workers) with share_by = "shard": a
+    worker got no data at all and `spacy lean train --nproc 2` silently trained on one
+    rank's data, at one rank's speed. The worker left out now warns, naming the fix."""
+    single = shard_dir / "b.spacy"
+    left_out = LeanCorpus(single, share_by="shard", instance_rank=1, num_instances=2)
+    with pytest.warns(UserWarning, match=r"1 shard\(s\) for 2 workers.*share_by = 'doc'"):
+        assert list(left_out(nlp)) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(LeanCorpus(single, share_by="shard", instance_rank=0, num_instances=2)(nlp))
+        assert list(LeanCorpus(single, share_by="doc", instance_rank=1, num_instances=2)(nlp))
+
+
+def test_compact_chunks_follow_the_workers_share(nlp, shard_dir, monkeypatch):
+    """`spacy lean train --nproc 2` initializes the pipeline with RANK/WORLD_SIZE hidden,
+    and spaCy's initialize reads the train corpus: the compact chunks were built then,
+    with the whole corpus, and every rank then trained on all of it (each doc N times
+    per epoch). The chunks are rebuilt when the worker's share changes."""
+    corpus = LeanCorpus(shard_dir, compact=True, max_length=20)
+    everything = [key(eg) for eg in corpus(nlp)]  # the initialize call: one worker
+    shares = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        expected = [key(eg) for eg in LeanCorpus(shard_dir, max_length=20)(nlp)]
+        shares.append([key(eg) for eg in corpus(nlp)])
+        assert shares[-1] == expected
+    assert sorted(shares[0] + shares[1]) == sorted(everything)

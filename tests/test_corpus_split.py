@@ -293,3 +293,54 @@ def test_split_in_wordpieces(nlp, tiny_transformer):
             if counter(piece) > 24:
                 assert not valid[a + 1 : b].any() or b - a == 1
     assert n_split > 5
+
+
+def test_wordpiece_counter_with_a_byte_level_bpe_tokenizer(nlp, tmp_path):
+    """RoBERTa's and GPT-2's tokenizers (byte-level BPE, the default transformer of
+    configs/ner_trf.cfg is roberta-base) refuse pre-split words unless loaded with
+    add_prefix_space=True: counting wordpieces raised an AssertionError."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    from spacy_lean.synthetic import generated_sentences
+
+    bpe = ByteLevelBPETokenizer()
+    special = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    texts = generated_sentences(200, seed=0)
+    bpe.train_from_iterator(texts, vocab_size=300, special_tokens=special, show_progress=False)
+    bpe.save_model(str(tmp_path))
+    files = {
+        "vocab_file": str(tmp_path / "vocab.json"),
+        "merges_file": str(tmp_path / "merges.txt"),
+    }
+    RobertaTokenizerFast(**files).save_pretrained(str(tmp_path))
+    counter = WordpieceCounter(tmp_path)
+    assert counter.n_special == 2  # <s> and </s>
+    doc = nlp("Anna Berg visited the Norsk Hydro plant in Oslo, Norway.")
+    lengths = counter.token_lengths(doc)
+    assert len(lengths) == len(doc) and min(lengths) >= 1
+    # Each word counted as the model sees it after a space: close to the text's count.
+    n_text = len(counter.tokenizer(doc.text, add_special_tokens=False)["input_ids"])
+    assert abs(sum(lengths) - n_text) <= 2
+    pieces = DocSplitter(8, get_token_lengths=counter.token_lengths, n_special=2)(doc)
+    assert len(pieces) > 1 and sum(len(p) for p in pieces) == len(doc)
+
+
+def test_counting_a_long_doc_does_not_warn_of_indexing_errors(nlp, tiny_transformer):
+    """Measuring a doc longer than the model's maximum (to split it) logged
+    transformers' "Token indices sequence length is longer than the specified maximum
+    sequence length for this model ... will result in indexing errors"."""
+    import logging
+
+    counter = WordpieceCounter(tiny_transformer)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        doc = nlp(" ".join(["word"] * (counter.tokenizer.model_max_length + 10)))
+        assert sum(counter.token_lengths(doc)) > counter.tokenizer.model_max_length
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "indexing errors" in r.getMessage()]

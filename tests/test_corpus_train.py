@@ -98,3 +98,40 @@ def test_spacy_train_listed_and_streamed(train_config, tmp_path, monkeypatch):
 
 def test_spacy_train_fixed_epochs(train_config, tmp_path):
     run_train(train_config, 2, tmp_path / "out")
+
+
+@pytest.mark.parametrize("max_epochs", [0, -1])
+def test_rank_batches_replay_a_later_epoch_exactly(train_config, max_epochs):
+    """`spacy lean train --resume` replays the saved epoch from its start (with the
+    random and batcher states saved at that start) and skips the batches trained. With
+    max_epochs >= 0 the listed examples were shuffled in place every epoch, so an epoch
+    after the first depended on every earlier shuffle, not only on the saved state: the
+    replay made other batches, training some examples of the epoch twice and others
+    not at all."""
+    import random
+
+    from spacy_lean.corpus import TokenBudgetBatcher
+    from spacy_lean.training.dist import DistContext
+    from spacy_lean.training.loop import RankBatches, _tupled
+
+    nlp = spacy.blank("en")
+
+    def rank_batches():
+        corpus = LeanCorpus(train_config["train"], max_length=25, shuffle=True, shuffle_buffer=8)
+        batcher = TokenBudgetBatcher(size=100, window=32, seed=0)
+        return RankBatches(nlp, corpus, batcher, max_epochs, DistContext())
+
+    def texts(batches):
+        return [[eg.reference.text for eg in batch] for batch in batches]
+
+    random.seed(0)
+    run = rank_batches()
+    texts(run.epoch(0))
+    batches = run.epoch(1)
+    saved = (run.epoch_random, run.batcher_rng)
+    uninterrupted = texts(batches)
+    assert len(uninterrupted) > 4
+    resumed = rank_batches()
+    random.setstate(_tupled(saved[0]))
+    resumed.batcher.rng.setstate(_tupled(saved[1]))
+    assert texts(resumed.epoch(1, skip_batches=3)) == uninterrupted[3:]

@@ -246,6 +246,27 @@ def test_damaged_bytes_and_other_formats(rich_file, tmp_path):
         DocBinReader(text)
 
 
+@pytest.mark.parametrize("small_chunks", [False, True])
+def test_concatenated_files_are_refused(tmp_path, monkeypatch, small_chunks):
+    """`cat a.spacy b.spacy > all.spacy` makes a file whose first DocBin DocBin.from_disk
+    and the reader read without a word: every doc of b was silently lost. The reader
+    refuses data after the compressed DocBin, naming the file."""
+    if small_chunks:  # the first DocBin ends inside a chunk, or at a chunk's end
+        monkeypatch.setattr(docbin_module, "READ_CHUNK", 7)
+    nlp = spacy.blank("en")
+    first = DocBin(docs=synthetic.make_ner_docs(nlp, 5, seed=1)).to_bytes()
+    second = DocBin(docs=synthetic.make_ner_docs(nlp, 3, seed=2)).to_bytes()
+    joined = tmp_path / "joined.spacy"
+    joined.write_bytes(first + second)
+    assert len(DocBin().from_disk(joined)) == 5  # spaCy drops the second DocBin
+    with pytest.raises(CorruptShardError, match=r"joined.spacy.*after its compressed data"):
+        DocBinReader(joined)
+    single = tmp_path / "single.spacy"
+    single.write_bytes(first)
+    with DocBinReader(single) as reader:
+        assert len(list(reader.get_docs(nlp.vocab))) == 5
+
+
 def test_inconsistent_sections_are_refused(tmp_path):
     doc_bin = DocBin(docs=[Doc(Vocab(), words=["a", "b"])])
     msg = srsly.msgpack_loads(zlib.decompress(doc_bin.to_bytes()))

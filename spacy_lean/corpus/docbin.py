@@ -14,6 +14,7 @@ disk. The vocab still takes every string of the file, as with DocBin.
 """
 
 import functools
+import os
 import zlib
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -122,6 +123,9 @@ class _Source:
     def close(self) -> None:
         self._file.close()
 
+    def size(self) -> int:
+        return os.fstat(self._file.fileno()).st_size
+
     def error(self, what: str) -> CorruptShardError:
         return CorruptShardError(
             f"Could not read '{self.path}' as a .spacy file (DocBin): {what}. The file is "
@@ -175,6 +179,10 @@ class _Inflater:
             raise self.source.error("the compressed data ends early (the file is truncated)")
         self._buf += out
         return True
+
+    def trailing_bytes(self) -> int:
+        """At the end of the compressed stream: how many bytes of the file follow it."""
+        return len(self._zlib.unused_data) + max(0, self.source.size() - self._offset)
 
     def read(self, size: int) -> bytes:
         """Up to `size` bytes (fewer at the end): the file interface Unpacker reads."""
@@ -347,6 +355,13 @@ class DocBinReader:
                 _one_value(stream, skip=True)
         if stream.read(1):  # inflates to the end: the zlib checksum is checked too
             raise source.error("there is data after the DocBin's map")
+        extra = stream.trailing_bytes()
+        if extra:  # DocBin.from_disk ignores it: its docs would be lost without a word
+            raise source.error(
+                f"it has {extra} bytes after its compressed data (several .spacy files "
+                "joined into one? Keep them as separate files in a folder, or merge them "
+                "with DocBin.merge)"
+            )
         for key in ("tokens", "spaces", "lengths", "strings", "cats"):
             if key not in self._marks:
                 raise source.error(f"it has no '{key}'")

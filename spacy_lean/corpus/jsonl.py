@@ -33,20 +33,31 @@ def iter_jsonl_docs(
         yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
 
 
+def _nonblank_lines(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line number, line) for each non-blank line, read as text (universal line ends).
+    utf-8-sig: a byte order mark (files saved by Windows tools) is not part of line 1."""
+    with Path(path).open("r", encoding="utf-8-sig") as f:
+        for i, line in enumerate(f, start=1):
+            if line.strip():
+                yield i, line
+
+
+def count_jsonl_records(path: Union[str, Path]) -> int:
+    """How many records `read_jsonl_lines` yields (non-blank lines), without parsing."""
+    return sum(1 for _ in _nonblank_lines(Path(path)))
+
+
 def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
     """(line number, record) for each non-blank line, with errors that name the line."""
-    with Path(path).open("r", encoding="utf8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = srsly.json_loads(line)
-            except ValueError as err:
-                raise ValueError(
-                    f"{path}:{i}: not valid JSON ({err}). Each line of a .jsonl corpus "
-                    "must be one JSON object."
-                ) from err
-            yield i, record
+    for i, line in _nonblank_lines(path):
+        try:
+            record = srsly.json_loads(line)
+        except ValueError as err:
+            raise ValueError(
+                f"{path}:{i}: not valid JSON ({err}). Each line of a .jsonl corpus "
+                "must be one JSON object."
+            ) from err
+        yield i, record
 
 
 def doc_from_record(

@@ -34,6 +34,12 @@ class WordpieceCounter:
             ) from err
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+            if getattr(tokenizer, "add_prefix_space", None) is False:
+                # Byte-level BPE (RoBERTa, GPT-2) takes pre-split words only with a prefix
+                # space: each word is then counted as the model sees it after a space.
+                tokenizer = AutoTokenizer.from_pretrained(
+                    str(path), use_fast=True, add_prefix_space=True
+                )
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"Could not load a tokenizer from '{path}' ({err}). Give the folder "
@@ -54,7 +60,11 @@ class WordpieceCounter:
         counts = [0] * len(words)
         if not words:
             return counts
-        enc = self.tokenizer(words, is_split_into_words=True, add_special_tokens=False)
+        # verbose=False: a doc longer than the model's maximum is measured to be split,
+        # not run through the model (transformers would warn of "indexing errors").
+        enc = self.tokenizer(
+            words, is_split_into_words=True, add_special_tokens=False, verbose=False
+        )
         for word_id in enc.word_ids():
             if word_id is not None:
                 counts[word_id] += 1

@@ -180,9 +180,11 @@ class LeanCorpus:
         self._limit_plan: Optional[Dict[int, int]] = None
         self._compact_chunks: Optional[List[bytes]] = None
         self._compact_stats: Optional[CorpusStats] = None
+        self._compact_share: Optional[Tuple[int, int]] = None  # (rank, size) built for
         self._resume: Optional[Dict[str, Any]] = None
         self._last_stream: Optional["CorpusStream"] = None
         self._warned_oversize = False
+        self._warned_share = False
 
     # ----- public API -----
 
@@ -304,7 +306,18 @@ class LeanCorpus:
         if plan is not None:
             units = [u for u in units if u in plan]
         if self.share_by == "shard":
-            units = split_among(units, *self.rank_and_size)
+            rank, size = self.rank_and_size
+            if rank >= len(units) and not self._warned_share:
+                self._warned_share = True
+                warnings.warn(
+                    f"spacy-lean.Corpus.v1 ({self.path}): share_by = 'shard' gives "
+                    f"{len(units)} shard(s) for {size} workers: worker {rank} gets no data. Use "
+                    "share_by = 'doc' (every worker takes its share of the docs of every "
+                    "shard), or write at least as many shards as workers with `python -m "
+                    "spacy lean shard`.",
+                    UserWarning,
+                )
+            units = split_among(units, rank, size)
         return units
 
     def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
@@ -341,10 +354,13 @@ class LeanCorpus:
         stats = CorpusStats()
         chunks: List[bytes] = []
         doc_bin = DocBin(store_user_data=True)
+        self._compact_chunks = None
+        self._compact_share = self.rank_and_size
         self.compact = False  # read the files while building
         try:
             for unit in self._units():
-                for _, pieces in self._unit_pieces(nlp, unit, stats):
+                for d, pieces in self._unit_pieces(nlp, unit, stats):
+                    self._note_oversize(stats, unit, d)
                     for piece in pieces:
                         docbin_add(doc_bin, piece)
                         if len(doc_bin) >= self.compact_chunk:
@@ -392,14 +408,25 @@ class LeanCorpus:
             return Example(Doc(nlp.vocab, words=words, spaces=spaces), ref)
         return Example(nlp.make_doc(ref.text), ref)
 
-    def _note_oversize(self, stats: SplitStats) -> None:
+    def _note_oversize(
+        self, stats: SplitStats, unit: Optional[int] = None, doc: Optional[int] = None
+    ) -> None:
+        """Warn once, at the first piece longer than max_length (`unit` and `doc`: the
+        shard and the doc just split, which the warning names)."""
         if stats.oversize_pieces and not self._warned_oversize:
             self._warned_oversize = True
+            where = f" ({self.path}): a piece"
+            if unit is not None:
+                length = "wordpieces" if self.wordpiece_tokenizer else "tokens"
+                where = (
+                    f": doc {doc} of '{self.shards[unit]}' has a piece of "
+                    f"{stats.max_oversize} {length},"
+                )
             warnings.warn(
-                f"spacy-lean.Corpus.v1 ({self.path}): a piece is longer than "
-                f"max_length={self.max_length} because an entity, span or token in it is "
-                "longer; it is kept whole, not dropped. See corpus.stats.oversize_pieces "
-                "(and give the batcher a budget that fits it).",
+                f"spacy-lean.Corpus.v1{where} longer than max_length={self.max_length} "
+                "because an entity, span or token in it is longer; it is kept whole, not "
+                "dropped. See corpus.stats.oversize_pieces (and give the batcher a budget "
+                "that fits it).",
                 UserWarning,
             )
 
@@ -481,7 +508,11 @@ class CorpusStream:
 
     def _pieces(self) -> Iterator[Doc]:
         corpus, nlp = self.corpus, self.nlp
-        if corpus.compact and corpus._compact_chunks is None:
+        # Built on the first call, and again when this worker's share changed (spacy
+        # lean train initializes the pipeline, which reads the corpus, as one worker).
+        if corpus.compact and (
+            corpus._compact_chunks is None or corpus._compact_share != corpus.rank_and_size
+        ):
             corpus._build_compact(nlp)
         stats = CorpusStats()
         corpus.stats = stats
@@ -505,7 +536,7 @@ class CorpusStream:
                 unit = order[p]
                 skip = doc_start if p == pos else 0
                 for d, pieces in corpus._unit_pieces(nlp, unit, split_stats, skip):
-                    corpus._note_oversize(split_stats)
+                    corpus._note_oversize(split_stats, unit, d)
                     first = piece_start if (p == pos and d == doc_start) else 0
                     for k in range(first, len(pieces)):
                         self._pos = (p, d, k + 1)

@@ -16,7 +16,7 @@ from spacy.training import Corpus, Example
 from spacy.vocab import Vocab
 
 from .docbin import CorruptShardError, DocBinReader
-from .jsonl import iter_jsonl_docs
+from .jsonl import count_jsonl_records, iter_jsonl_docs
 
 __all__ = [
     "CorruptShardError",
@@ -164,12 +164,7 @@ def count_shard_docs(path: Union[str, Path]) -> int:
     if detect_format(path) == "spacy":
         with DocBinReader(path) as reader:
             return len(reader)
-    n = 0
-    with path.open("rb") as f:
-        for line in f:
-            if line.strip():
-                n += 1
-    return n
+    return count_jsonl_records(path)
 
 
 def read_examples(

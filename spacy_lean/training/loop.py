@@ -113,8 +113,12 @@ class RankBatches:
         if self.max_epochs >= 0:
             if self.examples is None:
                 self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
-            random.shuffle(self.examples)
-            examples: Any = iter(self.examples)
+            # A shuffled copy of the listed order (spaCy shuffles the list in place), so
+            # the epoch's order depends only on the random state saved at its start and
+            # a resumed run replays it exactly.
+            listed = list(self.examples)
+            random.shuffle(listed)
+            examples: Any = iter(listed)
         else:
             if hasattr(self.corpus, "set_state") and hasattr(self.corpus, "epoch"):
                 self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
