@@ -321,6 +321,37 @@ def test_jsonl_count_is_what_is_read(nlp, tmp_path, end):
     assert [d.text for part in parts for d in part] == ["a b", "c", "d e f"]
 
 
+def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
+    """Prodigy's output holds every answer: a "reject" from binary ner.teach is a wrong
+    span, an "ignore" a skipped example. They were read as gold entities; now they are
+    left out, with a warning that counts them, and the parts of the file (as
+    `spacy lean evaluate --workers` cuts it) still hold every accepted record once."""
+    from spacy_lean.corpus.jsonl import SkippedRecordsWarning
+    from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
+
+    def record(text, label, answer):
+        return {"text": text, "spans": [{"start": 0, "end": 3, "label": label}],
+                "answer": answer, "_input_hash": len(text)}
+
+    records = [record("Ada met Bo", "PER", "accept"), record("Oslo is far", "PER", "reject"),
+               record("Kim ran home", "PER", "accept"), record("The end now", "ORG", "ignore"),
+               record("Lea sang loud", "PER", "reject"), record("Max won it", "PER", "accept"),
+               {"text": "no answer key"}]
+    path = tmp_path / "prodigy.jsonl"
+    srsly.write_jsonl(path, records)
+    accepted = ["Ada met Bo", "Kim ran home", "Max won it", "no answer key"]
+    with pytest.warns(SkippedRecordsWarning, match='left out 1 "ignore" and 2 "reject" record'):
+        examples = list(LeanCorpus(path, jsonl_spans_key="ents")(nlp))
+    assert [eg.reference.text for eg in examples] == accepted
+    assert [ent.label_ for eg in examples for ent in eg.reference.ents] == ["PER"] * 3
+    assert count_shard_docs(path) == len(records)  # stored records, as the parts count them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedRecordsWarning)
+        for n in (2, 3, 7):
+            parts = [list(iter_shard_docs(path, nlp.vocab, nlp=nlp, part=(k, n))) for k in range(n)]
+            assert [d.text for part in parts for d in part] == accepted
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])

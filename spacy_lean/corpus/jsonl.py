@@ -12,11 +12,15 @@ One JSON object per line:
   as Prodigy's NER output needs); a dict maps span-group names to such lists.
 - "cats" (dict, optional): label -> score, the doc's categories.
 - "meta" (dict, optional): kept in `doc.user_data["meta"]`.
+- "answer" (str, optional): Prodigy's verdict. A record answered "reject" or "ignore"
+  is not gold annotation (a rejected suggestion, a skipped example) and is not read;
+  each file says how many it left out (`SkippedRecordsWarning`).
 
 Offsets must fall on token boundaries; a record whose offsets do not raises an error
 naming the file, the line and the span.
 """
 
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple, Union
 
@@ -25,12 +29,47 @@ from spacy.language import Language
 from spacy.tokens import Doc, Span
 
 
+# Prodigy's answers that mark a record as not annotation to learn from.
+NOT_GOLD_ANSWERS = ("reject", "ignore")
+
+
+class SkippedRecordsWarning(UserWarning):
+    """Records of a .jsonl file were left out (Prodigy's "reject"/"ignore" answers)."""
+
+
 def iter_jsonl_docs(
-    nlp: Language, path: Union[str, Path], *, spans_key: str = "sc"
+    nlp: Language,
+    path: Union[str, Path],
+    *,
+    spans_key: str = "sc",
+    start: int = 0,
+    stop: Optional[int] = None,
 ) -> Iterator[Doc]:
-    """Yield one Doc per non-blank line of a .jsonl file, streaming."""
-    for line_no, record in read_jsonl_lines(Path(path)):
+    """Yield one Doc per record (non-blank line) of a .jsonl file, streaming; records
+    answered "reject" or "ignore" (Prodigy) are left out, with one warning per file.
+
+    start, stop (int): read only records start..stop-1 (counted as `count_jsonl_records`
+        counts them, left-out records included), for parts of a file.
+    """
+    skipped = {}
+    for index, (line_no, record) in enumerate(read_jsonl_lines(Path(path))):
+        if index < start:
+            continue
+        if stop is not None and index >= stop:
+            break
+        answer = record.get("answer") if isinstance(record, dict) else None
+        if answer in NOT_GOLD_ANSWERS:
+            skipped[answer] = skipped.get(answer, 0) + 1
+            continue
         yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
+    if skipped:
+        counts = " and ".join(f'{n} "{answer}"' for answer, n in sorted(skipped.items()))
+        warnings.warn(
+            f'{path}: left out {counts} record(s): Prodigy\'s "reject" and "ignore" answers are '
+            "not gold annotation. To train on binary (accept/reject) annotation, export it with "
+            "Prodigy's data-to-spacy first.",
+            SkippedRecordsWarning,
+        )
 
 
 def _nonblank_lines(path: Path) -> Iterator[Tuple[int, str]]:

@@ -5,7 +5,6 @@ from them, and fingerprinting them. Training (`spacy-lean.Corpus.v1`), evaluatio
 `spacy lean shard` all read through here."""
 
 import hashlib
-import itertools
 import os
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple, Union
@@ -147,11 +146,11 @@ def _raw_docs(
     part: Tuple[int, int],
 ) -> Iterator[Doc]:
     if detect_format(path) == "jsonl":
-        docs = iter_jsonl_docs(nlp, path, **(jsonl_options or {}))  # type: ignore[arg-type]
-        if part != (0, 1):
-            start, stop = _part_bounds(count_shard_docs(path), part)
-            docs = itertools.islice(docs, start, stop)
-        yield from docs
+        # Parts are cut in records as stored (left-out ones included), as counted.
+        start, stop = _part_bounds(count_shard_docs(path), part) if part != (0, 1) else (0, None)
+        yield from iter_jsonl_docs(
+            nlp, path, **(jsonl_options or {}), start=start, stop=stop  # type: ignore[arg-type]
+        )
         return
     with DocBinReader(path) as reader:
         yield from reader.get_docs(vocab, *_part_bounds(len(reader), part))
