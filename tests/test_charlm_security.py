@@ -289,6 +289,29 @@ def test_hand_written_opcodes_are_refused(tmp_path, marker, case, fmt):
     _refused(path, needle)
 
 
+
+class _PlainData:
+    """A plain-data class a caller may allow: created empty, filled by BUILD."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def test_build_calls_the_class_setstate_not_one_the_pickle_planted(tmp_path):
+    """A first BUILD may put a `__setstate__` key in an allowed object's attributes; the
+    next BUILD must still call the class's `__setstate__`, not whatever the pickle put
+    there (here the `builtins.bytes` stand-in: a call REDUCE would refuse)."""
+    from spacy_lean.charlm import safe_torch
+
+    data = (b"\x80\x02ctest\nPlainData\n)\x81"
+            b"}X\x0c\x00\x00\x00__setstate__cbuiltins\nbytes\nsb"
+            b"}X\x01\x00\x00\x00aK\x07sb.")
+    path = _zip_file(tmp_path / "planted.pt", data)
+    allowed = safe_torch.allowed_globals({("test", "PlainData"): _PlainData})
+    loaded = safe_torch.load(path, allowed, what="a test file")
+    assert type(loaded) is _PlainData and loaded.a == 7
+
+
 # --- persistent ids ----------------------------------------------------------------
 
 

@@ -361,7 +361,8 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         state = self.stack.pop()
         inst = self.stack[-1]
         if type(inst) in self._load.classes:
-            inst.__setstate__(state)
+            # The class's own, never one an earlier BUILD put in the instance's attributes.
+            type(inst).__setstate__(inst, state)
         elif type(inst) is OrderedDict:
             _build_ordered_dict(inst, state)
         elif isinstance(inst, numpy.dtype):
