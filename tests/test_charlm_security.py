@@ -486,6 +486,19 @@ def test_settings_must_match_the_tensors(tmp_path, checkpoint):
             CharLM.load(path)
 
 
+
+def test_zip_records_that_unpack_beyond_the_file(tmp_path):
+    """torch.save stores zip records uncompressed; a deflated record could unpack to far
+    more than the size limit allows (a 1 MB file to 1 GB): refused before torch reads it."""
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02" + b"N0" * 1_000_000 + b"}.")
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\n")
+    assert path.stat().st_size < 10_000
+    _refused(path, "zip records would unpack to 2,000,", "more than the whole file")
+
+
 # --- a pipeline directory and a training run -------------------------------------------
 
 

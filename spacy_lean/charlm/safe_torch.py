@@ -562,7 +562,7 @@ def load(
         head = stream.read(4)
         stream.seek(0)
         if head == _ZIP_MAGIC:
-            _check_zip(stream, shown, what)
+            _check_zip(stream, shown, what, size)
             stream.seek(0)
         elif not head.startswith(pickle.PROTO):
             raise CheckpointError(
@@ -613,11 +613,15 @@ def _too_large(shown: str, size: int, limit: int) -> CheckpointError:
     )
 
 
-def _check_zip(stream: Any, shown: str, what: str) -> None:
-    """Refuse TorchScript archives (torch.load hands them to torch.jit.load) and zip
-    files without a pickle, reading the index with torch's own zip reader."""
+def _check_zip(stream: Any, shown: str, what: str, size: int) -> None:
+    """Refuse TorchScript archives (torch.load hands them to torch.jit.load), zip files
+    without a pickle and records that would unpack to more than the whole file
+    (torch.save stores them uncompressed; torch reads each record whole), reading the
+    index with torch's own zip reader."""
     try:
-        records = torch._C.PyTorchFileReader(stream).get_all_records()
+        reader = torch._C.PyTorchFileReader(stream)
+        records = reader.get_all_records()
+        unpacked = sum(reader.get_record_size(record) for record in records)
     except (RuntimeError, OSError, ValueError) as err:
         raise CheckpointError(
             f"Could not read {shown} as {what}: the zip archive is truncated or corrupt "
@@ -626,6 +630,11 @@ def _check_zip(stream: Any, shown: str, what: str) -> None:
     if "constants.pkl" in records or any(r.endswith("/constants.pkl") for r in records):
         raise CheckpointError(
             f"Refusing to load {shown}: it is a TorchScript archive (code), not {what}."
+        )
+    if unpacked > size:
+        raise CheckpointError(
+            f"Refusing to load {shown}: its zip records would unpack to {unpacked:,} bytes, "
+            f"more than the whole file ({size:,} bytes); torch.save stores them uncompressed."
         )
     if "data.pkl" not in records:
         raise CheckpointError(
