@@ -371,6 +371,10 @@ _LEGACY_ONLY = {
     # Each fits in the file, all together do not: refused before torch allocates them.
     "many": ([("storage", torch.FloatStorage, str(i), "cpu", 1000, None) for i in range(1000)],
              "more than the whole file"),
+    # The same, each key named again with no elements: torch keeps the storage it made
+    # the first time, so the later record must not lower the count.
+    "many-renamed": ([("storage", torch.FloatStorage, str(i // 2), "cpu", 1000 * (1 - i % 2), None)
+                      for i in range(2000)], "more than the whole file"),
 }
 _ZIP_ONLY = {
     "legacy-record": (("storage", torch.FloatStorage, "0", "cpu", 4, None), _NOT_TORCH),

@@ -443,7 +443,9 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
     if not ok:
         shown = pid if type(pid) in (tuple, str, int) else type(pid).__name__
         raise RefusedPickle(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
-    load.storage_bytes[pid[2]] = pid[4] * torch._utils._element_size(pid[1].dtype)
+    # torch makes a storage the first time a key is named and hands it out again after
+    # that, whatever a later record says: count each key as it was first named.
+    load.storage_bytes.setdefault(pid[2], pid[4] * torch._utils._element_size(pid[1].dtype))
     total = sum(load.storage_bytes.values())
     if total > load.max_storage_bytes:
         # Not allocated: torch would make the storages before reading their data.
