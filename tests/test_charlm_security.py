@@ -10,6 +10,7 @@ pipeline; and a `train-charlm --resume` directory.
 import codecs
 import copyreg
 import io
+import json
 import os
 import pickle
 import pickletools
@@ -613,6 +614,34 @@ def test_encoded_text_refuses_object_ids(tmp_path):
     meta["dtype"] = ["uint8"]
     (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
     with pytest.raises(ValueError, match="Unsupported id dtype"):
+        EncodedText(tmp_path)
+
+
+def test_encoded_text_sizes_must_match_the_id_file(tmp_path):
+    """The number of ids in the metadata sizes the memory map: a negative, huge,
+    non-integer or wrong one (or an id file that is not what it says) is refused with
+    an error naming the files, which train-charlm answers by encoding the text again."""
+    (tmp_path / "ids.bin").write_bytes(b"\x01" * 16)
+    meta = {"format": "spacy-lean.charlm-ids.v1", "dtype": "uint16", "n_chars": 8,
+            "vocab_size": 3, "dictionary": "x", "sources": []}
+    (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
+    assert len(EncodedText(tmp_path)) == 8
+    for key, value in (("n_chars", -5), ("n_chars", 0), ("n_chars", 10 ** 30), ("n_chars", 9),
+                       ("n_chars", 7), ("n_chars", 8.0), ("n_chars", "8"), ("vocab_size", -1),
+                       ("vocab_size", None)):
+        (tmp_path / "ids.json").write_text(json.dumps({**meta, key: value}), encoding="utf8")
+        with pytest.raises(ValueError, match="ids.json") as info:
+            EncodedText(tmp_path)
+        assert str(tmp_path) in str(info.value)
+    text = json.dumps(meta).replace('"n_chars": 8', '"n_chars": 1e999')
+    assert "1e999" in text
+    (tmp_path / "ids.json").write_text(text, encoding="utf8")
+    with pytest.raises(ValueError, match="ids.json"):
+        EncodedText(tmp_path)
+    (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
+    (tmp_path / "ids.bin").unlink()
+    (tmp_path / "ids.bin").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="ids.bin"):
         EncodedText(tmp_path)
 
 
