@@ -504,6 +504,37 @@ def test_zip_records_that_unpack_beyond_the_file(tmp_path):
     _refused(path, "zip records would unpack to 2,000,", "more than the whole file")
 
 
+
+def test_expanded_tensors_cannot_make_a_model_far_larger_than_the_file(tmp_path, checkpoint):
+    """An expanded tensor (stride 0) of any size fits in a storage of one element, so
+    the settings-match-the-tensors check alone let a 4 KB file build a model of
+    millions of parameters (hidden and embedding size 2048: 34M from 4,228 bytes)."""
+    n_chars = checkpoint["state_dict"]["encoder.weight"].shape[0]
+    size = 512
+
+    def zeros(*shape):
+        return torch.zeros(1).expand(*shape)
+
+    hostile = {**checkpoint, "hidden_size": size, "embedding_size": size, "state_dict": {
+        "encoder.weight": zeros(n_chars, size), "rnn.weight_ih_l0": zeros(4 * size, size),
+        "rnn.weight_hh_l0": zeros(4 * size, size), "rnn.bias_ih_l0": zeros(4 * size),
+        "rnn.bias_hh_l0": zeros(4 * size), "decoder.weight": zeros(n_chars, size),
+        "decoder.bias": zeros(n_chars)}}
+    path = _save(hostile, tmp_path / "expanded.pt", "zip", 4)
+    assert path.stat().st_size < 10_000
+    _refused(path, "tensors would hold", "more than the whole file")
+
+
+def test_every_tensor_must_match_the_model_before_it_is_built(tmp_path, checkpoint):
+    """The model is built from the settings before the weights are loaded: a tensor
+    the settings check does not look at (here `rnn.weight_ih_l0`, whose model
+    counterpart is 4 x hidden_size x embedding_size) must not let it grow beyond the
+    file either; the shapes are compared with the model's before it is made."""
+    state = dict(checkpoint["state_dict"], **{"rnn.weight_ih_l0": torch.zeros(96, 1)})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "shapes.pt", "zip", 4)
+    _refused(path, "do not match the tensor 'rnn.weight_ih_l0' ((96, 1)), the model's is (96, 8)")
+
+
 # --- a pipeline directory and a training run -------------------------------------------
 
 

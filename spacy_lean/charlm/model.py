@@ -275,7 +275,7 @@ class CharLM(nn.Module):
         has_decoder = bool(checkpoint.get("has_decoder", True)) and has_decoder
         dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
         _check_settings(checkpoint, len(dictionary), name)
-        model = cls(
+        settings = dict(
             dictionary=dictionary,
             is_forward_lm=bool(checkpoint["is_forward_lm"]),
             hidden_size=int(checkpoint["hidden_size"]),
@@ -290,6 +290,24 @@ class CharLM(nn.Module):
         state_dict = checkpoint["state_dict"]
         if not has_decoder:
             state_dict = {k: v for k, v in state_dict.items() if not k.startswith("decoder.")}
+        # Every tensor the model would make must be in the file with its shape (so the
+        # model is no larger than the file): compared on the meta device, before
+        # anything is allocated.
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in cls(**settings).state_dict().items()}
+        for key, shape in shapes.items():
+            got = tuple(state_dict[key].shape) if key in state_dict else "missing"
+            if got != shape:
+                raise CheckpointError(
+                    f"{name}: the settings (hidden_size={settings['hidden_size']}, nlayers="
+                    f"{settings['nlayers']}, embedding_size={settings['embedding_size']}, nout="
+                    f"{settings['nout']}, {len(dictionary)} characters) do not match the tensor "
+                    f"'{key}' ({got}), the model's is {shape}."
+                )
+        extra = sorted(set(state_dict) - set(shapes))
+        if extra:
+            raise CheckpointError(f"{name}: the state_dict has tensors the model does not: {extra[:5]}.")
+        model = cls(**settings)
         model.load_state_dict(state_dict, strict=True)
         model.eval()
         return model

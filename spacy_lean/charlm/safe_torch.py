@@ -24,6 +24,7 @@ takes its tar-archive or memory-map paths, and TorchScript archives (which
 `torch.load` would pass to `torch.jit.load`) are refused before torch reads them.
 """
 import io
+import math
 import os
 import pickle
 import re
@@ -91,6 +92,7 @@ class _Load:
         self.legacy = legacy
         self.max_storage_bytes = max_storage_bytes
         self.storage_bytes: Dict[str, int] = {}  # root key -> bytes
+        self.tensor_bytes = 0  # of all the tensors rebuilt so far
         self.storages: List[Any] = []
         self.records: List[Any] = []  # what the module-level `load` returned (legacy headers)
         self.classes: FrozenSet[type] = frozenset(v for v in allowed.values() if isinstance(v, type))
@@ -142,6 +144,15 @@ def _check_view(load: _Load, name: str, storage: Any, offset: Any, size: Any, st
                 f"{name}: a tensor of size {size}, stride {stride} at offset {offset} "
                 f"does not fit in its storage of {storage._size()} elements"
             )
+    # An expanded tensor (stride 0) of any size fits in one element: the tensors
+    # together may not hold more than the file (torch.save of states writes none).
+    load.tensor_bytes += math.prod(size) * torch._utils._element_size(storage.dtype)
+    if load.tensor_bytes > load.max_storage_bytes:
+        raise RefusedPickle(
+            f"{name}: its tensors would hold {load.tensor_bytes:,} bytes, more than the whole "
+            f"file ({load.max_storage_bytes:,} bytes); expanded or overlapping views are not "
+            "part of a checkpoint"
+        )
 
 
 def _rebuild_tensor_v2(load: _Load) -> Callable[..., torch.Tensor]:
