@@ -313,6 +313,34 @@ def test_build_calls_the_class_setstate_not_one_the_pickle_planted(tmp_path):
     assert type(loaded) is _PlainData and loaded.a == 7
 
 
+
+def test_state_dict_metadata_holds_module_versions_only(tmp_path, checkpoint):
+    """A state dict's `_metadata` is read by `load_state_dict`: a key other than the
+    module version there (`assign_to_params_buffers`) made the file's tensors the
+    parameters as they were (any float dtype, several parameters sharing memory)."""
+    state = OrderedDict(checkpoint["state_dict"])
+    state["encoder.weight"] = state["encoder.weight"].double()
+    state._metadata = OrderedDict({"encoder": {"version": 1, "assign_to_params_buffers": True}})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "assign.pt", "zip", 4)
+    _refused(path, "_metadata")
+    state._metadata = OrderedDict({"": {"version": 1}, "encoder": {"version": 1}})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "versions.pt", "zip", 4)
+    assert CharLM.load(path).encoder.weight.dtype == torch.float32
+
+
+def test_state_dict_metadata_cannot_be_changed_after_it_is_checked(tmp_path):
+    """The pickle can fetch a dict it built from the memo and add to it later: the
+    versions are copied when `_metadata` is set, so what the check saw is what stays."""
+    from spacy_lean.charlm import safe_torch
+
+    data = (b"\x80\x02ccollections\nOrderedDict\n)R"
+            b"}X\t\x00\x00\x00_metadata}X\x07\x00\x00\x00encoder}q\x02X\x07\x00\x00\x00versionK\x01sssb"
+            b"h\x02X\x18\x00\x00\x00assign_to_params_buffers\x88s0.")
+    path = _zip_file(tmp_path / "later.pt", data)
+    loaded = safe_torch.load(path, safe_torch.allowed_globals(), what="a test file")
+    assert loaded._metadata == {"encoder": {"version": 1}}
+
+
 # --- persistent ids ----------------------------------------------------------------
 
 

@@ -467,14 +467,21 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
 
 
 def _build_ordered_dict(inst: OrderedDict, state: Any) -> None:
-    # A module's state dict carries its `_metadata` (versions per submodule).
-    if state is None:
+    # A module's state dict carries its `_metadata`: {submodule: {"version": int}}.
+    # `load_state_dict` reads more from it (`assign_to_params_buffers` would make the
+    # file's tensors the parameters as they are), so only versions are kept, copied:
+    # the pickle could still reach the dicts it built through the memo.
+    if state is None or (type(state) is dict and not state):
         return
-    if (type(state) is dict and set(state) <= {"_metadata"}
-            and all(type(v) in (dict, OrderedDict) for v in state.values())):
-        inst.__dict__.update(state)
+    metadata = state.get("_metadata") if type(state) is dict and set(state) == {"_metadata"} else None
+    if type(metadata) in (dict, OrderedDict) and all(
+            type(key) is str and type(value) is dict and set(value) <= {"version"}
+            and all(_is_int(v) for v in value.values()) for key, value in metadata.items()):
+        inst._metadata = OrderedDict((key, dict(value)) for key, value in metadata.items())
         return
-    raise RefusedPickle("the pickle sets attributes of an OrderedDict other than _metadata")
+    raise RefusedPickle(
+        "the pickle sets attributes of an OrderedDict other than the module versions in _metadata"
+    )
 
 
 def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
