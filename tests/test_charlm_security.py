@@ -563,6 +563,18 @@ def test_every_tensor_must_match_the_model_before_it_is_built(tmp_path, checkpoi
     _refused(path, "do not match the tensor 'rnn.weight_ih_l0' ((96, 1)), the model's is (96, 8)")
 
 
+
+def test_bad_dictionary_or_settings_name_the_file(tmp_path, checkpoint):
+    """What the pickle holds is checked after loading: those errors name the file too."""
+    for key, value, needle in (
+        ("dictionary", FlairDictionaryState({"idx2item": 5}), "idx2item"),
+        ("dictionary", {"x": 1}, "idx2item"),
+        ("recurrent_type", "transformer", "recurrent_type"),
+    ):
+        path = _save({**checkpoint, key: value}, tmp_path / "bad.pt", "zip", 4)
+        _refused(path, needle)
+
+
 # --- a pipeline directory and a training run -------------------------------------------
 
 

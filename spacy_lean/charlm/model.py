@@ -273,7 +273,10 @@ class CharLM(nn.Module):
         cls, checkpoint: Dict[str, object], has_decoder: bool = True, name: str = "the checkpoint"
     ) -> "CharLM":
         has_decoder = bool(checkpoint.get("has_decoder", True)) and has_decoder
-        dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
+        try:
+            dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
+        except ValueError as err:
+            raise CheckpointError(f"{name}: {err}") from None
         _check_settings(checkpoint, len(dictionary), name)
         settings = dict(
             dictionary=dictionary,
@@ -293,8 +296,11 @@ class CharLM(nn.Module):
         # Every tensor the model would make must be in the file with its shape (so the
         # model is no larger than the file): compared on the meta device, before
         # anything is allocated.
-        with torch.device("meta"):
-            shapes = {k: tuple(v.shape) for k, v in cls(**settings).state_dict().items()}
+        try:
+            with torch.device("meta"):
+                shapes = {k: tuple(v.shape) for k, v in cls(**settings).state_dict().items()}
+        except ValueError as err:  # e.g. an unknown recurrent_type
+            raise CheckpointError(f"{name}: {err}") from None
         for key, shape in shapes.items():
             got = tuple(state_dict[key].shape) if key in state_dict else "missing"
             if got != shape:
