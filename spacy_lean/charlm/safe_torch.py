@@ -11,9 +11,11 @@ every pickle in the file, the legacy format's header records included:
 - a global must be in the caller's allow-list; callables are replaced by checked
   stand-ins that accept only what `torch.save` writes (`_codecs.encode` only encodes
   text as latin-1, the tensor rebuild functions take only storages this load created,
-  with in-bounds sizes and strides and no hooks, ...);
-- `NEWOBJ` and `BUILD` only for the plain-data classes the caller names, for
-  `OrderedDict`'s `_metadata` and for numpy dtypes left as they are;
+  with in-bounds sizes and strides, no hooks, and all tensors together no larger than
+  the file, ...);
+- `NEWOBJ` and `BUILD` only for the plain-data classes the caller names (through the
+  class's own `__setstate__`), for `OrderedDict`'s `_metadata` (module versions only)
+  and for numpy dtypes left as they are;
   `INST`, `OBJ`, `EXT*`, `NEWOBJ_EX`, `PERSID` and out-of-band buffers are refused;
 - a persistent id must be a storage record as torch writes it ("storage", a storage
   type of a known dtype, a key, a location, a size that fits in the file);
@@ -21,7 +23,8 @@ every pickle in the file, the legacy format's header records included:
 
 The file is handed to torch as a stream without a file descriptor, so torch never
 takes its tar-archive or memory-map paths, and TorchScript archives (which
-`torch.load` would pass to `torch.jit.load`) are refused before torch reads them.
+`torch.load` would pass to `torch.jit.load`) and zip records that would unpack to
+more than the file are refused before torch reads them.
 """
 import io
 import math
