@@ -10,6 +10,7 @@ pipeline; and a `train-charlm --resume` directory.
 import codecs
 import copyreg
 import io
+import json
 import os
 import pickle
 import pickletools
@@ -289,6 +290,57 @@ def test_hand_written_opcodes_are_refused(tmp_path, marker, case, fmt):
     _refused(path, needle)
 
 
+
+class _PlainData:
+    """A plain-data class a caller may allow: created empty, filled by BUILD."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def test_build_calls_the_class_setstate_not_one_the_pickle_planted(tmp_path):
+    """A first BUILD may put a `__setstate__` key in an allowed object's attributes; the
+    next BUILD must still call the class's `__setstate__`, not whatever the pickle put
+    there (here the `builtins.bytes` stand-in: a call REDUCE would refuse)."""
+    from spacy_lean.charlm import safe_torch
+
+    data = (b"\x80\x02ctest\nPlainData\n)\x81"
+            b"}X\x0c\x00\x00\x00__setstate__cbuiltins\nbytes\nsb"
+            b"}X\x01\x00\x00\x00aK\x07sb.")
+    path = _zip_file(tmp_path / "planted.pt", data)
+    allowed = safe_torch.allowed_globals({("test", "PlainData"): _PlainData})
+    loaded = safe_torch.load(path, allowed, what="a test file")
+    assert type(loaded) is _PlainData and loaded.a == 7
+
+
+
+def test_state_dict_metadata_holds_module_versions_only(tmp_path, checkpoint):
+    """A state dict's `_metadata` is read by `load_state_dict`: a key other than the
+    module version there (`assign_to_params_buffers`) made the file's tensors the
+    parameters as they were (any float dtype, several parameters sharing memory)."""
+    state = OrderedDict(checkpoint["state_dict"])
+    state["encoder.weight"] = state["encoder.weight"].double()
+    state._metadata = OrderedDict({"encoder": {"version": 1, "assign_to_params_buffers": True}})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "assign.pt", "zip", 4)
+    _refused(path, "_metadata")
+    state._metadata = OrderedDict({"": {"version": 1}, "encoder": {"version": 1}})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "versions.pt", "zip", 4)
+    assert CharLM.load(path).encoder.weight.dtype == torch.float32
+
+
+def test_state_dict_metadata_cannot_be_changed_after_it_is_checked(tmp_path):
+    """The pickle can fetch a dict it built from the memo and add to it later: the
+    versions are copied when `_metadata` is set, so what the check saw is what stays."""
+    from spacy_lean.charlm import safe_torch
+
+    data = (b"\x80\x02ccollections\nOrderedDict\n)R"
+            b"}X\t\x00\x00\x00_metadata}X\x07\x00\x00\x00encoder}q\x02X\x07\x00\x00\x00versionK\x01sssb"
+            b"h\x02X\x18\x00\x00\x00assign_to_params_buffers\x88s0.")
+    path = _zip_file(tmp_path / "later.pt", data)
+    loaded = safe_torch.load(path, safe_torch.allowed_globals(), what="a test file")
+    assert loaded._metadata == {"encoder": {"version": 1}}
+
+
 # --- persistent ids ----------------------------------------------------------------
 
 
@@ -348,6 +400,10 @@ _LEGACY_ONLY = {
     # Each fits in the file, all together do not: refused before torch allocates them.
     "many": ([("storage", torch.FloatStorage, str(i), "cpu", 1000, None) for i in range(1000)],
              "more than the whole file"),
+    # The same, each key named again with no elements: torch keeps the storage it made
+    # the first time, so the later record must not lower the count.
+    "many-renamed": ([("storage", torch.FloatStorage, str(i // 2), "cpu", 1000 * (1 - i % 2), None)
+                      for i in range(2000)], "more than the whole file"),
 }
 _ZIP_ONLY = {
     "legacy-record": (("storage", torch.FloatStorage, "0", "cpu", 4, None), _NOT_TORCH),
@@ -463,6 +519,62 @@ def test_settings_must_match_the_tensors(tmp_path, checkpoint):
             CharLM.load(path)
 
 
+
+def test_zip_records_that_unpack_beyond_the_file(tmp_path):
+    """torch.save stores zip records uncompressed; a deflated record could unpack to far
+    more than the size limit allows (a 1 MB file to 1 GB): refused before torch reads it."""
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02" + b"N0" * 1_000_000 + b"}.")
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\n")
+    assert path.stat().st_size < 10_000
+    _refused(path, "zip records would unpack to 2,000,", "more than the whole file")
+
+
+
+def test_expanded_tensors_cannot_make_a_model_far_larger_than_the_file(tmp_path, checkpoint):
+    """An expanded tensor (stride 0) of any size fits in a storage of one element, so
+    the settings-match-the-tensors check alone let a 4 KB file build a model of
+    millions of parameters (hidden and embedding size 2048: 34M from 4,228 bytes)."""
+    n_chars = checkpoint["state_dict"]["encoder.weight"].shape[0]
+    size = 512
+
+    def zeros(*shape):
+        return torch.zeros(1).expand(*shape)
+
+    hostile = {**checkpoint, "hidden_size": size, "embedding_size": size, "state_dict": {
+        "encoder.weight": zeros(n_chars, size), "rnn.weight_ih_l0": zeros(4 * size, size),
+        "rnn.weight_hh_l0": zeros(4 * size, size), "rnn.bias_ih_l0": zeros(4 * size),
+        "rnn.bias_hh_l0": zeros(4 * size), "decoder.weight": zeros(n_chars, size),
+        "decoder.bias": zeros(n_chars)}}
+    path = _save(hostile, tmp_path / "expanded.pt", "zip", 4)
+    assert path.stat().st_size < 10_000
+    _refused(path, "tensors would hold", "more than the whole file")
+
+
+def test_every_tensor_must_match_the_model_before_it_is_built(tmp_path, checkpoint):
+    """The model is built from the settings before the weights are loaded: a tensor
+    the settings check does not look at (here `rnn.weight_ih_l0`, whose model
+    counterpart is 4 x hidden_size x embedding_size) must not let it grow beyond the
+    file either; the shapes are compared with the model's before it is made."""
+    state = dict(checkpoint["state_dict"], **{"rnn.weight_ih_l0": torch.zeros(96, 1)})
+    path = _save({**checkpoint, "state_dict": state}, tmp_path / "shapes.pt", "zip", 4)
+    _refused(path, "do not match the tensor 'rnn.weight_ih_l0' ((96, 1)), the model's is (96, 8)")
+
+
+
+def test_bad_dictionary_or_settings_name_the_file(tmp_path, checkpoint):
+    """What the pickle holds is checked after loading: those errors name the file too."""
+    for key, value, needle in (
+        ("dictionary", FlairDictionaryState({"idx2item": 5}), "idx2item"),
+        ("dictionary", {"x": 1}, "idx2item"),
+        ("recurrent_type", "transformer", "recurrent_type"),
+    ):
+        path = _save({**checkpoint, key: value}, tmp_path / "bad.pt", "zip", 4)
+        _refused(path, needle)
+
+
 # --- a pipeline directory and a training run -------------------------------------------
 
 
@@ -573,6 +685,34 @@ def test_encoded_text_refuses_object_ids(tmp_path):
     meta["dtype"] = ["uint8"]
     (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
     with pytest.raises(ValueError, match="Unsupported id dtype"):
+        EncodedText(tmp_path)
+
+
+def test_encoded_text_sizes_must_match_the_id_file(tmp_path):
+    """The number of ids in the metadata sizes the memory map: a negative, huge,
+    non-integer or wrong one (or an id file that is not what it says) is refused with
+    an error naming the files, which train-charlm answers by encoding the text again."""
+    (tmp_path / "ids.bin").write_bytes(b"\x01" * 16)
+    meta = {"format": "spacy-lean.charlm-ids.v1", "dtype": "uint16", "n_chars": 8,
+            "vocab_size": 3, "dictionary": "x", "sources": []}
+    (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
+    assert len(EncodedText(tmp_path)) == 8
+    for key, value in (("n_chars", -5), ("n_chars", 0), ("n_chars", 10 ** 30), ("n_chars", 9),
+                       ("n_chars", 7), ("n_chars", 8.0), ("n_chars", "8"), ("vocab_size", -1),
+                       ("vocab_size", None)):
+        (tmp_path / "ids.json").write_text(json.dumps({**meta, key: value}), encoding="utf8")
+        with pytest.raises(ValueError, match="ids.json") as info:
+            EncodedText(tmp_path)
+        assert str(tmp_path) in str(info.value)
+    text = json.dumps(meta).replace('"n_chars": 8', '"n_chars": 1e999')
+    assert "1e999" in text
+    (tmp_path / "ids.json").write_text(text, encoding="utf8")
+    with pytest.raises(ValueError, match="ids.json"):
+        EncodedText(tmp_path)
+    (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
+    (tmp_path / "ids.bin").unlink()
+    (tmp_path / "ids.bin").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="ids.bin"):
         EncodedText(tmp_path)
 
 

@@ -60,6 +60,26 @@ def test_walks_shards_as_spacy_does(nlp, shard_dir):
     assert ours == theirs
 
 
+def test_symbolic_link_loops_in_a_corpus_folder_are_refused(tmp_path):
+    """Folders are walked following symbolic links (as spaCy does): a link to the
+    folder itself (or a pair pointing at each other) listed each file about 40 times,
+    until the OS gave up, and two such links made the walk run forever (2**40 paths)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jsonl").write_text('{"text": "a"}\n', encoding="utf8")
+    (tmp_path / "a" / "self").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="symbolic link") as info:
+        list_shards(tmp_path)
+    assert str(tmp_path / "a" / "self") in str(info.value)
+    (tmp_path / "a" / "self").unlink()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "to_b").symlink_to(tmp_path / "b")
+    assert [p.name for p in list_shards(tmp_path)] == ["x.jsonl"]
+    (tmp_path / "b" / "to_a").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="symbolic link"):
+        list_shards(tmp_path)
+
+
+
 def test_max_length_keeps_every_entity_spacy_drops_some(nlp, shard_dir):
     corpus = LeanCorpus(shard_dir, max_length=12)
     examples = list(corpus(nlp))

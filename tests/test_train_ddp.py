@@ -282,6 +282,29 @@ def test_resume_restores_the_smallest_learned_limits():
     assert fresh.learned_limits == {}
 
 
+
+def test_resume_refuses_a_numpy_random_state_outside_its_key(tmp_path):
+    """numpy's legacy `set_state` takes the position in the 624-word key unchecked: a
+    position outside it reads other memory (far outside: a segfault). state.json's
+    saved states are checked when it is read, with an error naming the file."""
+    from spacy_lean.training.loop import STATE_FORMAT, _rng_states, read_training_state
+
+    good = _rng_states()
+    kind, keys, pos, has_gauss, cached = good["numpy"]
+    path = tmp_path / "training-state" / "state.json"
+    path.parent.mkdir()
+    srsly.write_json(path, {"format": STATE_FORMAT, "ranks": [{"rng": good}]})
+    assert read_training_state(tmp_path)["ranks"][0]["rng"] == good
+    for bad in ([kind, keys, 10 ** 8, has_gauss, cached], [kind, keys, -1, has_gauss, cached],
+                [kind, keys, 625, has_gauss, cached], [kind, keys, "1", has_gauss, cached],
+                [kind, keys[:10], pos, has_gauss, cached], [kind, keys[:-1] + [-1], pos, has_gauss, cached],
+                ["PCG64", keys, pos, has_gauss, cached], [kind, keys, pos], "MT19937"):
+        srsly.write_json(path, {"format": STATE_FORMAT, "ranks": [{"rng": good}, {"rng": {**good, "numpy": bad}}]})
+        with pytest.raises(ValueError, match="numpy random state of rank 1") as info:
+            read_training_state(tmp_path)
+        assert str(path) in str(info.value)
+
+
 @pytest.mark.slow
 def test_resume_on_the_same_and_another_number_of_processes(setup, one_rank, two_ranks, died, tmp_path):
     """Resuming the died run with 2 processes gives the weights of the uninterrupted

@@ -211,11 +211,23 @@ class EncodedText:
                 f"Unsupported id dtype {dtype_name!r} in {meta_path}; expected one of "
                 f"{sorted(_ID_DTYPES)}. Delete {self.path} to encode the text again."
             )
-        self.n_chars = int(self.meta["n_chars"])
-        self.vocab_size = int(self.meta["vocab_size"])
-        self.ids = np.memmap(
-            self.path / IDS_FILE, dtype=self.dtype, mode="r", shape=(self.n_chars,)
-        )
+        # The number of ids sizes the memory map: it must be what encode_texts wrote.
+        n_chars, vocab_size = self.meta.get("n_chars"), self.meta.get("vocab_size")
+        if not all(type(v) is int and v >= 1 for v in (n_chars, vocab_size)):
+            raise ValueError(
+                f"{meta_path}: n_chars and vocab_size must be positive whole numbers, got "
+                f"{n_chars!r} and {vocab_size!r}. Delete {self.path} to encode the text again."
+            )
+        ids_path = self.path / IDS_FILE
+        size = ids_path.stat().st_size
+        if size != n_chars * self.dtype.itemsize:
+            raise ValueError(
+                f"{ids_path} holds {size:,} bytes, but {meta_path} describes {n_chars:,} ids "
+                f"of {self.dtype.itemsize} bytes. Delete {self.path} to encode the text again."
+            )
+        self.n_chars = n_chars
+        self.vocab_size = vocab_size
+        self.ids = np.memmap(ids_path, dtype=self.dtype, mode="r", shape=(self.n_chars,))
 
     def __len__(self) -> int:
         return self.n_chars

@@ -273,9 +273,12 @@ class CharLM(nn.Module):
         cls, checkpoint: Dict[str, object], has_decoder: bool = True, name: str = "the checkpoint"
     ) -> "CharLM":
         has_decoder = bool(checkpoint.get("has_decoder", True)) and has_decoder
-        dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
+        try:
+            dictionary = CharDictionary.from_flair_state(checkpoint["dictionary"])
+        except ValueError as err:
+            raise CheckpointError(f"{name}: {err}") from None
         _check_settings(checkpoint, len(dictionary), name)
-        model = cls(
+        settings = dict(
             dictionary=dictionary,
             is_forward_lm=bool(checkpoint["is_forward_lm"]),
             hidden_size=int(checkpoint["hidden_size"]),
@@ -290,6 +293,27 @@ class CharLM(nn.Module):
         state_dict = checkpoint["state_dict"]
         if not has_decoder:
             state_dict = {k: v for k, v in state_dict.items() if not k.startswith("decoder.")}
+        # Every tensor the model would make must be in the file with its shape (so the
+        # model is no larger than the file): compared on the meta device, before
+        # anything is allocated.
+        try:
+            with torch.device("meta"):
+                shapes = {k: tuple(v.shape) for k, v in cls(**settings).state_dict().items()}
+        except ValueError as err:  # e.g. an unknown recurrent_type
+            raise CheckpointError(f"{name}: {err}") from None
+        for key, shape in shapes.items():
+            got = tuple(state_dict[key].shape) if key in state_dict else "missing"
+            if got != shape:
+                raise CheckpointError(
+                    f"{name}: the settings (hidden_size={settings['hidden_size']}, nlayers="
+                    f"{settings['nlayers']}, embedding_size={settings['embedding_size']}, nout="
+                    f"{settings['nout']}, {len(dictionary)} characters) do not match the tensor "
+                    f"'{key}' ({got}), the model's is {shape}."
+                )
+        extra = sorted(set(state_dict) - set(shapes))
+        if extra:
+            raise CheckpointError(f"{name}: the state_dict has tensors the model does not: {extra[:5]}.")
+        model = cls(**settings)
         model.load_state_dict(state_dict, strict=True)
         model.eval()
         return model

@@ -11,9 +11,11 @@ every pickle in the file, the legacy format's header records included:
 - a global must be in the caller's allow-list; callables are replaced by checked
   stand-ins that accept only what `torch.save` writes (`_codecs.encode` only encodes
   text as latin-1, the tensor rebuild functions take only storages this load created,
-  with in-bounds sizes and strides and no hooks, ...);
-- `NEWOBJ` and `BUILD` only for the plain-data classes the caller names, for
-  `OrderedDict`'s `_metadata` and for numpy dtypes left as they are;
+  with in-bounds sizes and strides, no hooks, and all tensors together no larger than
+  the file, ...);
+- `NEWOBJ` and `BUILD` only for the plain-data classes the caller names (through the
+  class's own `__setstate__`), for `OrderedDict`'s `_metadata` (module versions only)
+  and for numpy dtypes left as they are;
   `INST`, `OBJ`, `EXT*`, `NEWOBJ_EX`, `PERSID` and out-of-band buffers are refused;
 - a persistent id must be a storage record as torch writes it ("storage", a storage
   type of a known dtype, a key, a location, a size that fits in the file);
@@ -21,9 +23,11 @@ every pickle in the file, the legacy format's header records included:
 
 The file is handed to torch as a stream without a file descriptor, so torch never
 takes its tar-archive or memory-map paths, and TorchScript archives (which
-`torch.load` would pass to `torch.jit.load`) are refused before torch reads them.
+`torch.load` would pass to `torch.jit.load`) and zip records that would unpack to
+more than the file are refused before torch reads them.
 """
 import io
+import math
 import os
 import pickle
 import re
@@ -91,6 +95,7 @@ class _Load:
         self.legacy = legacy
         self.max_storage_bytes = max_storage_bytes
         self.storage_bytes: Dict[str, int] = {}  # root key -> bytes
+        self.tensor_bytes = 0  # of all the tensors rebuilt so far
         self.storages: List[Any] = []
         self.records: List[Any] = []  # what the module-level `load` returned (legacy headers)
         self.classes: FrozenSet[type] = frozenset(v for v in allowed.values() if isinstance(v, type))
@@ -142,6 +147,15 @@ def _check_view(load: _Load, name: str, storage: Any, offset: Any, size: Any, st
                 f"{name}: a tensor of size {size}, stride {stride} at offset {offset} "
                 f"does not fit in its storage of {storage._size()} elements"
             )
+    # An expanded tensor (stride 0) of any size fits in one element: the tensors
+    # together may not hold more than the file (torch.save of states writes none).
+    load.tensor_bytes += math.prod(size) * torch._utils._element_size(storage.dtype)
+    if load.tensor_bytes > load.max_storage_bytes:
+        raise RefusedPickle(
+            f"{name}: its tensors would hold {load.tensor_bytes:,} bytes, more than the whole "
+            f"file ({load.max_storage_bytes:,} bytes); expanded or overlapping views are not "
+            "part of a checkpoint"
+        )
 
 
 def _rebuild_tensor_v2(load: _Load) -> Callable[..., torch.Tensor]:
@@ -361,7 +375,8 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         state = self.stack.pop()
         inst = self.stack[-1]
         if type(inst) in self._load.classes:
-            inst.__setstate__(state)
+            # The class's own, never one an earlier BUILD put in the instance's attributes.
+            type(inst).__setstate__(inst, state)
         elif type(inst) is OrderedDict:
             _build_ordered_dict(inst, state)
         elif isinstance(inst, numpy.dtype):
@@ -442,7 +457,9 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
     if not ok:
         shown = pid if type(pid) in (tuple, str, int) else type(pid).__name__
         raise RefusedPickle(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
-    load.storage_bytes[pid[2]] = pid[4] * torch._utils._element_size(pid[1].dtype)
+    # torch makes a storage the first time a key is named and hands it out again after
+    # that, whatever a later record says: count each key as it was first named.
+    load.storage_bytes.setdefault(pid[2], pid[4] * torch._utils._element_size(pid[1].dtype))
     total = sum(load.storage_bytes.values())
     if total > load.max_storage_bytes:
         # Not allocated: torch would make the storages before reading their data.
@@ -453,14 +470,21 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
 
 
 def _build_ordered_dict(inst: OrderedDict, state: Any) -> None:
-    # A module's state dict carries its `_metadata` (versions per submodule).
-    if state is None:
+    # A module's state dict carries its `_metadata`: {submodule: {"version": int}}.
+    # `load_state_dict` reads more from it (`assign_to_params_buffers` would make the
+    # file's tensors the parameters as they are), so only versions are kept, copied:
+    # the pickle could still reach the dicts it built through the memo.
+    if state is None or (type(state) is dict and not state):
         return
-    if (type(state) is dict and set(state) <= {"_metadata"}
-            and all(type(v) in (dict, OrderedDict) for v in state.values())):
-        inst.__dict__.update(state)
+    metadata = state.get("_metadata") if type(state) is dict and set(state) == {"_metadata"} else None
+    if type(metadata) in (dict, OrderedDict) and all(
+            type(key) is str and type(value) is dict and set(value) <= {"version"}
+            and all(_is_int(v) for v in value.values()) for key, value in metadata.items()):
+        inst._metadata = OrderedDict((key, dict(value)) for key, value in metadata.items())
         return
-    raise RefusedPickle("the pickle sets attributes of an OrderedDict other than _metadata")
+    raise RefusedPickle(
+        "the pickle sets attributes of an OrderedDict other than the module versions in _metadata"
+    )
 
 
 def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
@@ -561,7 +585,7 @@ def load(
         head = stream.read(4)
         stream.seek(0)
         if head == _ZIP_MAGIC:
-            _check_zip(stream, shown, what)
+            _check_zip(stream, shown, what, size)
             stream.seek(0)
         elif not head.startswith(pickle.PROTO):
             raise CheckpointError(
@@ -612,11 +636,15 @@ def _too_large(shown: str, size: int, limit: int) -> CheckpointError:
     )
 
 
-def _check_zip(stream: Any, shown: str, what: str) -> None:
-    """Refuse TorchScript archives (torch.load hands them to torch.jit.load) and zip
-    files without a pickle, reading the index with torch's own zip reader."""
+def _check_zip(stream: Any, shown: str, what: str, size: int) -> None:
+    """Refuse TorchScript archives (torch.load hands them to torch.jit.load), zip files
+    without a pickle and records that would unpack to more than the whole file
+    (torch.save stores them uncompressed; torch reads each record whole), reading the
+    index with torch's own zip reader."""
     try:
-        records = torch._C.PyTorchFileReader(stream).get_all_records()
+        reader = torch._C.PyTorchFileReader(stream)
+        records = reader.get_all_records()
+        unpacked = sum(reader.get_record_size(record) for record in records)
     except (RuntimeError, OSError, ValueError) as err:
         raise CheckpointError(
             f"Could not read {shown} as {what}: the zip archive is truncated or corrupt "
@@ -625,6 +653,11 @@ def _check_zip(stream: Any, shown: str, what: str) -> None:
     if "constants.pkl" in records or any(r.endswith("/constants.pkl") for r in records):
         raise CheckpointError(
             f"Refusing to load {shown}: it is a TorchScript archive (code), not {what}."
+        )
+    if unpacked > size:
+        raise CheckpointError(
+            f"Refusing to load {shown}: its zip records would unpack to {unpacked:,} bytes, "
+            f"more than the whole file ({size:,} bytes); torch.save stores them uncompressed."
         )
     if "data.pkl" not in records:
         raise CheckpointError(

@@ -54,8 +54,20 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
             )
         return [path]
     found = {s: [] for s in FORMATS}  # type: dict
+    # The real folders above each folder walked: a symbolic link back to one of them
+    # would be walked again and again (about 40 times each, or forever with two).
+    above = {str(path): {os.path.realpath(path)}}
     for root, dirs, files in os.walk(path, followlinks=True):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        chain = above.pop(root)
+        for d in dirs:
+            real = os.path.realpath(os.path.join(root, d))
+            if real in chain:
+                raise ValueError(
+                    f"Corpus folder '{path}' holds a symbolic link loop: "
+                    f"'{os.path.join(root, d)}' leads back to '{real}'. Remove the link."
+                )
+            above[os.path.join(root, d)] = chain | {real}
         for name in files:
             if name.startswith("."):
                 continue

@@ -253,7 +253,25 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     state = srsly.read_json(file_)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{file_} is not a spacy-lean training state ({STATE_FORMAT}).")
+    for i, rank in enumerate(state.get("ranks") or []):
+        rng = rank.get("rng") if isinstance(rank, dict) else None
+        if isinstance(rng, dict) and not _is_numpy_state(rng.get("numpy")):
+            raise ValueError(
+                f"{file_}: the numpy random state of rank {i} is not one numpy.random.get_state() "
+                "writes (MT19937, 624 key words, a position within them). Start without --resume."
+            )
     return state
+
+
+def _is_numpy_state(value: Any) -> bool:
+    # numpy's legacy `set_state` takes the position unchecked: one outside the key
+    # would read other memory. (torch and Python check their generators' states.)
+    return (
+        isinstance(value, list) and len(value) == 5 and value[0] == "MT19937"
+        and isinstance(value[1], list) and len(value[1]) == 624
+        and all(type(k) is int and 0 <= k < 2 ** 32 for k in value[1])
+        and type(value[2]) is int and 0 <= value[2] <= 624
+    )
 
 
 def restore_learned_limits(policy: UpdatePolicy, ranks: Sequence[Dict[str, Any]]) -> None:
