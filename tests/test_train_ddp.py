@@ -305,6 +305,29 @@ def test_resume_refuses_a_numpy_random_state_outside_its_key(tmp_path):
         assert str(path) in str(info.value)
 
 
+def test_resume_refuses_a_step_that_is_not_a_count(tmp_path):
+    from spacy_lean.training.loop import STATE_FORMAT, read_training_state
+
+    path = tmp_path / "training-state" / "state.json"
+    path.parent.mkdir()
+    for bad in (-1, 2.5, "7", None, True):
+        srsly.write_json(path, {"format": STATE_FORMAT, "step": bad, "ranks": []})
+        with pytest.raises(ValueError, match="step must be a whole number") as info:
+            read_training_state(tmp_path)
+        assert str(path) in str(info.value)
+
+
+def test_resume_past_max_steps_says_what_to_do(setup, died):
+    """The died run's state is at step 2: resuming it with max_steps 2 has nothing left
+    to train, and says how to go on instead of silently saving the same pipeline."""
+    out, _ = died
+    proc = run_train(setup, out, "--resume", "--training.max_steps", "2")
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0
+    assert "at step 2, and this run's training.max_steps is 2" in text
+    assert "--training.max_steps 4" in text
+
+
 @pytest.mark.slow
 def test_resume_on_the_same_and_another_number_of_processes(setup, one_rank, two_ranks, died, tmp_path):
     """Resuming the died run with 2 processes gives the weights of the uninterrupted

@@ -178,7 +178,7 @@ def train(
     from spacy.training.initialize import init_nlp
 
     from ..training.dist import context_from_env
-    from ..training.loop import DIR_STATE, read_training_state
+    from ..training.loop import DIR_STATE, check_steps_left, read_training_state
     from ..training.loop import train as train_nlp
 
     try:
@@ -210,6 +210,10 @@ def train(
             nlp = util.load_model_from_config(config, auto_fill=True)
         nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config"])
         msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
+        try:
+            check_steps_left(state, nlp.config["training"]["max_steps"])
+        except ValueError as err:
+            msg.fail(str(err), exits=1)
     else:
         msg.divider("Initializing pipeline")
         with show_validation_error(config_path, hint_fill=False), _single_process_view():

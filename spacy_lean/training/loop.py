@@ -253,6 +253,8 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     state = srsly.read_json(file_)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{file_} is not a spacy-lean training state ({STATE_FORMAT}).")
+    if "step" in state and not (type(state["step"]) is int and state["step"] >= 0):
+        raise ValueError(f"{file_}: step must be a whole number >= 0, got {state['step']!r}.")
     for i, rank in enumerate(state.get("ranks") or []):
         rng = rank.get("rng") if isinstance(rank, dict) else None
         if isinstance(rng, dict) and not _is_numpy_state(rng.get("numpy")):
@@ -261,6 +263,18 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
                 "writes (MT19937, 624 key words, a position within them). Start without --resume."
             )
     return state
+
+
+def check_steps_left(state: Dict[str, Any], max_steps: int) -> None:
+    """Raise ValueError when a saved state has no step left under `max_steps` (0: no
+    limit), saying how to go on."""
+    done = int(state["step"])
+    if max_steps and done >= max_steps:
+        raise ValueError(
+            f"The saved state is at step {done}, and this run's training.max_steps is "
+            f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
+            f"(e.g. --training.max_steps {done + max_steps})."
+        )
 
 
 def _is_numpy_state(value: Any) -> bool:
@@ -349,6 +363,7 @@ def train(
     skip_batches = skip_examples = 0
     rank_resume: Optional[Dict[str, Any]] = None
     if resume is not None:
+        check_steps_left(resume, T["max_steps"])
         done_step = int(resume["step"])
         step = done_step + 1
         epoch = int(resume["epoch"])
