@@ -660,13 +660,20 @@ class EvalCheckpoint:
         self.n_saves = 0
 
     def load(
-        self, nlp: Language, state_fingerprint: str, scorer_cfg: Optional[Dict[str, Any]] = None
+        self,
+        nlp: Language,
+        state_fingerprint: str,
+        scorer_cfg: Optional[Dict[str, Any]] = None,
+        per_component: Optional[bool] = None,
     ) -> Optional[Dict[str, Any]]:
         """Read the checkpoint, if there is one, and check it fits this run.
 
         nlp (Language): the pipeline, to restore the states.
         state_fingerprint (str): the fingerprint of this run's score state.
         scorer_cfg (Optional[dict]): the scorer settings of this run.
+        per_component (Optional[bool]): this run's setting (the counts do not depend
+            on it, so the restored state reports as this run asks); None keeps the
+            checkpoint's.
         RETURNS (Optional[dict]): None when there is no file; else a dict with the
             restored "state" (or None), "units" (index -> state), "n_examples",
             "n_batches" and "done".
@@ -687,11 +694,7 @@ class EvalCheckpoint:
         for what, key, value in (
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
-            (
-                "another scorer configuration (or --per-component setting)",
-                "scorer",
-                state_fingerprint,
-            ),
+            ("another scorer configuration", "scorer", state_fingerprint),
             ("another number of workers", "layout", self.layout),
         ):
             if data.get(key) != value:
@@ -707,7 +710,9 @@ class EvalCheckpoint:
         state = data.get("state")
         return {
             "state": (
-                PipelineScoreState.from_dict(state, nlp, scorer_cfg) if state is not None else None
+                PipelineScoreState.from_dict(state, nlp, scorer_cfg, per_component)
+                if state is not None
+                else None
             ),
             "units": {int(k): v for k, v in (data.get("units") or {}).items()},
             "n_examples": int(data.get("n_examples", 0)),

@@ -155,6 +155,22 @@ def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner
     assert other.exit_code == 1 and "other data" in other.output and "refusing to resume" in other.output
 
 
+def test_resume_honours_this_runs_per_component_setting(model_dir, shard_dir, tmp_path):
+    # The counts do not depend on --per-component, so a checkpoint resumes under either
+    # setting; the scores must come out as this run asks, not as the checkpoint's run did.
+    flat, nested = tmp_path / "flat.json", tmp_path / "nested.json"
+    assert lean_evaluate(model_dir, shard_dir, "-o", flat, "--no-progress").exit_code == 0
+    assert lean_evaluate(model_dir, shard_dir, "-P", "-o", nested, "--no-progress").exit_code == 0
+    for first, then, expected in (("", "-P", nested), ("-P", "", flat)):
+        ckpt, out = tmp_path / f"ckpt{first}.json", tmp_path / f"out{then}.json"
+        args = ["--checkpoint", ckpt, "--no-progress"]
+        assert lean_evaluate(model_dir, shard_dir, *args, *[a for a in [first] if a]).exit_code == 0
+        result = lean_evaluate(model_dir, shard_dir, *args, *[a for a in [then] if a], "-o", out)
+        assert result.exit_code == 0, result.output
+        assert "finished evaluation" in result.output
+        assert_same_scores(srsly.read_json(out), srsly.read_json(expected))
+
+
 @Language.factory("test_cli_oom_above", default_config={"max_docs": 2})
 def make_cli_oom_above(nlp, name, max_docs):
     return _OOMAbove(max_docs)

@@ -151,7 +151,7 @@ def evaluate_streaming_cli(
             model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout
         )
         try:
-            resumed = ckpt.load(nlp, state.fingerprint)
+            resumed = ckpt.load(nlp, state.fingerprint, per_component=per_component)
         except CheckpointMismatchError as e:
             msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
     start = time.perf_counter()
