@@ -122,6 +122,13 @@ def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
     assert result.exit_code == 1 and "Unknown --backend" in result.output
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir):
+    result = lean_evaluate(model_dir, shard_dir, "--gpu-id", "0", "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "--gpu-id 0" in result.output and "--gpu-id -1" in result.output
+
+
 def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner_corpus, tmp_path, monkeypatch):
     full = tmp_path / "full.json"
     assert lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0

@@ -135,7 +135,15 @@ def evaluate_streaming_cli(
         msg.fail("Evaluation data not usable", f"{e}", exits=1)
     gpu_ids: List[int] = []
     if workers == 1 and backend == "processes":
-        setup_gpu(use_gpu)
+        try:
+            setup_gpu(use_gpu)
+        except ValueError as e:  # thinc's require_gpu: no cupy, or no GPU visible
+            msg.fail(
+                f"--gpu-id {use_gpu}: {e}",
+                "Use --gpu-id -1 for CPU, or install cupy for your CUDA version "
+                "(pip install spacy-lean[cuda12x]).",
+                exits=1,
+            )
     elif use_gpu >= 0:
         gpu_ids = _visible_gpus(use_gpu)
     nlp = _load_pipeline(model)
