@@ -210,3 +210,17 @@ def test_cli_passes_the_token_budget_to_workers(model_dir, shard_dir, tmp_path):
     assert "Memory budget per worker: batches of at most 100 padded tokens" in result.output
     assert CliRunner().invoke(app, args + ["-o", str(b)]).exit_code == 0
     assert_same_scores(srsly.read_json(a), srsly.read_json(b))
+
+
+def test_checkpoint_resumes_with_the_data_path_given_another_way(model_dir, shard_dir, tmp_path, monkeypatch):
+    # The same folder, named relative to another working directory: the same data and
+    # the same workers, so the finished checkpoint is used, not refused.
+    ckpt, a, b = tmp_path / "ckpt.json", tmp_path / "a.json", tmp_path / "b.json"
+    args = ["lean", "evaluate", str(model_dir), "--no-progress", "-w", "2", "--checkpoint", str(ckpt)]
+    result = CliRunner().invoke(app, args + [str(shard_dir), "-o", str(a)])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(shard_dir.parent)
+    result = CliRunner().invoke(app, args + [shard_dir.name, "-o", str(b)])
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 shards already evaluated" in result.output
+    assert srsly.read_json(a) == srsly.read_json(b)

@@ -154,7 +154,7 @@ def evaluate_streaming_cli(
         from ..distributed import make_units
 
         single = workers == 1 and backend == "processes"
-        layout = "stream" if single else _layout(make_units(shards, workers))
+        layout = "stream" if single else _layout(make_units(shards, workers), data_path)
         ckpt = _make_checkpoint(
             model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout
         )
@@ -266,8 +266,16 @@ def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
     )
 
 
-def _layout(units) -> str:
-    return "units:" + "|".join(f"{u.shard}#{u.part[0]}/{u.part[1]}" for u in units)
+def _layout(units, data_path: Path) -> str:
+    """The units, named relative to the data path: the same data given as another path
+    (relative, from another directory) has the same layout."""
+    root = Path(data_path)
+
+    def name(shard: str) -> str:
+        path = Path(shard)
+        return path.name if path == root else path.relative_to(root).as_posix()
+
+    return "units:" + "|".join(f"{name(u.shard)}#{u.part[0]}/{u.part[1]}" for u in units)
 
 
 def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initial: int = 0):
