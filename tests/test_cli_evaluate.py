@@ -122,6 +122,19 @@ def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
     assert result.exit_code == 1 and "Unknown --backend" in result.output
 
 
+def test_output_in_a_new_folder_is_written_and_a_bad_one_fails_first(model_dir, shard_dir, tmp_path):
+    out = tmp_path / "results" / "run1" / "scores.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert srsly.read_json(out)["ents_f"] is not None
+    # A path that cannot be written fails before the evaluation, not after it.
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "scores.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", bad, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert str(bad) in result.output and "Evaluated" not in result.output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir):
     result = lean_evaluate(model_dir, shard_dir, "--gpu-id", "0", "--no-progress")

@@ -133,6 +133,16 @@ def evaluate_streaming_cli(
         shards = list_shards(data_path)
     except (FileNotFoundError, ValueError) as e:
         msg.fail("Evaluation data not usable", f"{e}", exits=1)
+    if output is not None:
+        # Before the evaluation: a folder that cannot be made would lose its scores.
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            msg.fail(
+                f"Cannot write the --output file {output}",
+                f"{e}. Give a path in a folder that exists or can be created.",
+                exits=1,
+            )
     gpu_ids: List[int] = []
     if workers == 1 and backend == "processes":
         try:
