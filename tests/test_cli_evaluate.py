@@ -135,6 +135,14 @@ def test_output_in_a_new_folder_is_written_and_a_bad_one_fails_first(model_dir, 
     assert str(bad) in result.output and "Evaluated" not in result.output
 
 
+def test_checkpoint_in_a_folder_that_cannot_be_made_fails_first(model_dir, shard_dir, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "ckpt.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "--checkpoint", bad, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "--checkpoint" in result.output and str(bad) in result.output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir):
     result = lean_evaluate(model_dir, shard_dir, "--gpu-id", "0", "--no-progress")

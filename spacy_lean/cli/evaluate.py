@@ -133,13 +133,15 @@ def evaluate_streaming_cli(
         shards = list_shards(data_path)
     except (FileNotFoundError, ValueError) as e:
         msg.fail("Evaluation data not usable", f"{e}", exits=1)
-    if output is not None:
-        # Before the evaluation: a folder that cannot be made would lose its scores.
+    for option, path in (("--output", output), ("--checkpoint", checkpoint)):
+        if path is None:
+            continue
+        # Before the evaluation: a folder that cannot be made would lose its results.
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             msg.fail(
-                f"Cannot write the --output file {output}",
+                f"Cannot write the {option} file {path}",
                 f"{e}. Give a path in a folder that exists or can be created.",
                 exits=1,
             )
