@@ -143,6 +143,21 @@ def test_checkpoint_in_a_folder_that_cannot_be_made_fails_first(model_dir, shard
     assert "--checkpoint" in result.output and str(bad) in result.output
 
 
+def test_folder_with_both_formats_says_how_to_pick_one_on_the_command_line(model_dir, shard_dir, tmp_path):
+    # A .spacy file kept next to the .jsonl it was converted from.
+    from spacy_lean.corpus.jsonl import doc_to_record
+
+    data = tmp_path / "dev"
+    data.mkdir()
+    docs = list(DocBin().from_disk(shard_dir / "a.spacy").get_docs(spacy.blank("en").vocab))
+    DocBin(docs=docs).to_disk(data / "dev.spacy")
+    srsly.write_jsonl(data / "dev.jsonl", [doc_to_record(d) for d in docs])
+    result = lean_evaluate(model_dir, data, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    output = " ".join(result.output.split())  # wasabi wraps the message
+    assert "both .spacy and .jsonl" in output and "give the path of one file" in output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir):
     result = lean_evaluate(model_dir, shard_dir, "--gpu-id", "0", "--no-progress")
