@@ -9,10 +9,10 @@ activations, whatever the size of the dev set. The same loop backs the
 the `spacy lean evaluate` command, its checkpoints and its workers.
 """
 import contextlib
+import functools
 import itertools
 import os
 import random
-import types
 import warnings
 from pathlib import Path
 from timeit import default_timer as timer
@@ -536,38 +536,46 @@ def install_streaming_evaluate(
     """
     if max_batch_tokens is not None:
         check_max_batch_tokens(max_batch_tokens)
-
-    def streaming_evaluate(
-        self: Language,
-        examples: Iterable[Example],
-        *,
-        batch_size: Optional[int] = None,
-        scorer: Optional[Scorer] = None,
-        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
-        scorer_cfg: Optional[Dict[str, Any]] = None,
-        per_component: bool = False,
-    ) -> Dict[str, Any]:
-        return evaluate(
-            self,
-            examples,
-            batch_size=batch_size,
-            scorer=scorer,
-            component_cfg=component_cfg,
-            scorer_cfg=scorer_cfg,
-            per_component=per_component,
-            window_size=window_size,
-            max_batch_tokens=max_batch_tokens,
-        )
-
-    streaming_evaluate.__doc__ = evaluate.__doc__
-    nlp.evaluate = types.MethodType(streaming_evaluate, nlp)  # type: ignore[method-assign]
+    # A partial of a module-level function, not a method bound to a local function, so
+    # the pipeline still pickles (`nlp.pipe(n_process=2)` where processes are spawned).
+    method = functools.partial(
+        _streaming_evaluate, nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+    )
+    method.__doc__ = evaluate.__doc__
+    nlp.evaluate = method  # type: ignore[method-assign]
     return nlp
+
+
+def _streaming_evaluate(
+    self: Language,
+    examples: Iterable[Example],
+    *,
+    batch_size: Optional[int] = None,
+    scorer: Optional[Scorer] = None,
+    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+    scorer_cfg: Optional[Dict[str, Any]] = None,
+    per_component: bool = False,
+    window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
+) -> Dict[str, Any]:
+    """`nlp.evaluate` of a pipeline made streaming by `install_streaming_evaluate`."""
+    return evaluate(
+        self,
+        examples,
+        batch_size=batch_size,
+        scorer=scorer,
+        component_cfg=component_cfg,
+        scorer_cfg=scorer_cfg,
+        per_component=per_component,
+        window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
+    )
 
 
 def is_streaming(nlp: Language) -> bool:
     """Whether `nlp.evaluate` was made streaming by `install_streaming_evaluate`."""
     method = nlp.__dict__.get("evaluate")
-    return getattr(getattr(method, "__func__", None), "__name__", "") == "streaming_evaluate"
+    return isinstance(method, functools.partial) and method.func is _streaming_evaluate
 
 
 @registry.callbacks(CALLBACK_NAME)

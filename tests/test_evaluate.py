@@ -335,6 +335,19 @@ def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypat
     assert calls and calls[0]["batch_size"] == 5 and calls[0]["window_size"] == 0
 
 
+def test_streaming_pipeline_still_pickles(trf_ner_nlp, gold_docs):
+    # nlp.pipe(n_process=2) pickles the pipeline where processes are spawned (macOS,
+    # Windows, forkserver); a pipeline made streaming must survive it, still streaming.
+    import pickle
+
+    nlp = make_streaming_evaluate_v1(window_size=0)(trf_ner_nlp)
+    expected = nlp.evaluate(fresh_examples(nlp, gold_docs))
+    copy = pickle.loads(pickle.dumps(nlp))
+    assert is_streaming(copy)
+    assert copy.evaluate.__doc__ == evaluate.__doc__
+    assert_same_scores(copy.evaluate(fresh_examples(copy, gold_docs)), expected)
+
+
 def test_strip_callback_removes_only_ours(trf_ner_nlp):
     nlp = install_streaming_evaluate(trf_ner_nlp)
     nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
