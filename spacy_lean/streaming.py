@@ -714,19 +714,29 @@ class EvalCheckpoint:
                 )
         from .scoring import PipelineScoreState
 
-        self._saved_at_batch = int(data.get("n_batches", 0))
         state = data.get("state")
-        return {
-            "state": (
-                PipelineScoreState.from_dict(state, nlp, scorer_cfg, per_component)
-                if state is not None
-                else None
-            ),
-            "units": {int(k): v for k, v in (data.get("units") or {}).items()},
-            "n_examples": int(data.get("n_examples", 0)),
-            "n_batches": int(data.get("n_batches", 0)),
-            "done": bool(data.get("done", False)),
-        }
+        try:
+            resumed = {
+                "state": (
+                    PipelineScoreState.from_dict(state, nlp, scorer_cfg, per_component)
+                    if state is not None
+                    else None
+                ),
+                "units": {int(k): v for k, v in (data.get("units") or {}).items()},
+                "n_examples": int(data.get("n_examples", 0)),
+                "n_batches": int(data.get("n_batches", 0)),
+                "done": bool(data.get("done", False)),
+            }
+            for unit in resumed["units"].values():  # merged at the end: check them now
+                PipelineScoreState.from_dict(unit["state"], nlp, scorer_cfg)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CheckpointMismatchError(
+                f"The checkpoint {self.path} could not be restored ({type(e).__name__}: {e}): it "
+                "was written by another version of spacy-lean, or edited. Delete it (or give "
+                "another --checkpoint path) to start over."
+            ) from e
+        self._saved_at_batch = resumed["n_batches"]
+        return resumed
 
     def save(
         self,

@@ -322,6 +322,26 @@ def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
         StreamingEvaluator(nlp).run([Example(nlp.make_doc("a b"), nlp.make_doc("a b"))], skip=3)
 
 
+def test_checkpoint_whose_state_cannot_be_restored_is_refused_with_its_path(trf_ner_nlp, tmp_path):
+    # Written by another spacy-lean version (another state format), one state per unit
+    # (--workers) or one for the stream: refused when loaded, not a traceback later.
+    nlp = trf_ner_nlp
+    state = StreamingEvaluator(nlp).state
+    path = tmp_path / "c.json"
+    for units in (None, {0: {"state": state.to_dict(), "n_examples": 2}}):
+        ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d")
+        ckpt.save(state, n_examples=2, units=units)
+        data = srsly.read_json(path)
+        if units is None:
+            data["state"]["format"] = 99
+        else:
+            data["units"]["0"]["state"]["format"] = 99
+        srsly.write_json(path, data)
+        with pytest.raises(CheckpointMismatchError, match="could not be restored") as err:
+            ckpt.load(nlp, state.fingerprint)
+        assert str(path) in str(err.value) and "start over" in str(err.value)
+
+
 def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypatch):
     calls = []
     import spacy_lean.streaming as module
