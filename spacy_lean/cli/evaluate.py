@@ -439,6 +439,11 @@ def _run_workers(
         if ckpt is not None:
             ckpt.save(state, units=done)
         msg.fail("Evaluation failed", str(e), exits=1)
+    except KeyboardInterrupt:
+        # Finished units are whole: keep them, whether or not a save was due.
+        if ckpt is not None:
+            ckpt.save(state, units=done)
+        raise
     finally:
         bar.close()
     if ckpt is not None:
