@@ -122,7 +122,9 @@ def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
     assert result.exit_code == 1 and "Unknown --backend" in result.output
 
 
-def test_output_in_a_new_folder_is_written_and_a_bad_one_fails_first(model_dir, shard_dir, tmp_path):
+def test_output_in_a_new_folder_is_written_and_a_bad_one_fails_first(
+    model_dir, shard_dir, tmp_path
+):
     out = tmp_path / "results" / "run1" / "scores.json"
     result = lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", out, "--no-progress")
     assert result.exit_code == 0, result.output
@@ -143,7 +145,9 @@ def test_checkpoint_in_a_folder_that_cannot_be_made_fails_first(model_dir, shard
     assert "--checkpoint" in result.output and str(bad) in result.output
 
 
-def test_folder_with_both_formats_says_how_to_pick_one_on_the_command_line(model_dir, shard_dir, tmp_path):
+def test_folder_with_both_formats_says_how_to_pick_one_on_the_command_line(
+    model_dir, shard_dir, tmp_path
+):
     # A .spacy file kept next to the .jsonl it was converted from.
     from spacy_lean.corpus.jsonl import doc_to_record
 

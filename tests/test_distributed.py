@@ -214,11 +214,14 @@ def test_cli_passes_the_token_budget_to_workers(model_dir, shard_dir, tmp_path):
     assert_same_scores(srsly.read_json(a), srsly.read_json(b))
 
 
-def test_checkpoint_resumes_with_the_data_path_given_another_way(model_dir, shard_dir, tmp_path, monkeypatch):
+def test_checkpoint_resumes_with_the_data_path_given_another_way(
+    model_dir, shard_dir, tmp_path, monkeypatch
+):
     # The same folder, named relative to another working directory: the same data and
     # the same workers, so the finished checkpoint is used, not refused.
     ckpt, a, b = tmp_path / "ckpt.json", tmp_path / "a.json", tmp_path / "b.json"
-    args = ["lean", "evaluate", str(model_dir), "--no-progress", "-w", "2", "--checkpoint", str(ckpt)]
+    args = ["lean", "evaluate", str(model_dir), "--no-progress", "-w", "2"]
+    args += ["--checkpoint", str(ckpt)]
     result = CliRunner().invoke(app, args + [str(shard_dir), "-o", str(a)])
     assert result.exit_code == 0, result.output
     monkeypatch.chdir(shard_dir.parent)
@@ -283,4 +286,5 @@ def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tm
     assert result.exit_code == 0, result.output
     assert "of 3 shards already evaluated" in result.output
     expected = single_process(tmp_path / "model", data)
-    assert_same_scores(srsly.read_json(tmp_path / "out.json"), srsly.json_loads(srsly.json_dumps(expected)))
+    expected = srsly.json_loads(srsly.json_dumps(expected))
+    assert_same_scores(srsly.read_json(tmp_path / "out.json"), expected)
