@@ -431,6 +431,8 @@ class LeanCleaner:
         rows, lengths = rows_lengths
         if rows is None:  # an empty doc: the transformer produced nothing for it
             return numpy.zeros((len(doc), 0), dtype=dtype)
+        if rows.shape[0] == 0:  # only whitespace tokens: no wordpiece to pool (zeros)
+            return numpy.zeros((len(doc), rows.shape[-1]), dtype=dtype)
         ops = get_array_ops(rows)
         pooled = ops.reduce_mean(ops.asarray2f(rows), ops.asarray1i(lengths))
         return numpy.ascontiguousarray(ops.to_numpy(pooled), dtype=dtype)

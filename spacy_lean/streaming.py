@@ -9,10 +9,10 @@ activations, whatever the size of the dev set. The same loop backs the
 the `spacy lean evaluate` command, its checkpoints and its workers.
 """
 import contextlib
+import functools
 import itertools
 import os
 import random
-import types
 import warnings
 from pathlib import Path
 from timeit import default_timer as timer
@@ -536,38 +536,46 @@ def install_streaming_evaluate(
     """
     if max_batch_tokens is not None:
         check_max_batch_tokens(max_batch_tokens)
-
-    def streaming_evaluate(
-        self: Language,
-        examples: Iterable[Example],
-        *,
-        batch_size: Optional[int] = None,
-        scorer: Optional[Scorer] = None,
-        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
-        scorer_cfg: Optional[Dict[str, Any]] = None,
-        per_component: bool = False,
-    ) -> Dict[str, Any]:
-        return evaluate(
-            self,
-            examples,
-            batch_size=batch_size,
-            scorer=scorer,
-            component_cfg=component_cfg,
-            scorer_cfg=scorer_cfg,
-            per_component=per_component,
-            window_size=window_size,
-            max_batch_tokens=max_batch_tokens,
-        )
-
-    streaming_evaluate.__doc__ = evaluate.__doc__
-    nlp.evaluate = types.MethodType(streaming_evaluate, nlp)  # type: ignore[method-assign]
+    # A partial of a module-level function, not a method bound to a local function, so
+    # the pipeline still pickles (`nlp.pipe(n_process=2)` where processes are spawned).
+    method = functools.partial(
+        _streaming_evaluate, nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+    )
+    method.__doc__ = evaluate.__doc__
+    nlp.evaluate = method  # type: ignore[method-assign]
     return nlp
+
+
+def _streaming_evaluate(
+    self: Language,
+    examples: Iterable[Example],
+    *,
+    batch_size: Optional[int] = None,
+    scorer: Optional[Scorer] = None,
+    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+    scorer_cfg: Optional[Dict[str, Any]] = None,
+    per_component: bool = False,
+    window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
+) -> Dict[str, Any]:
+    """`nlp.evaluate` of a pipeline made streaming by `install_streaming_evaluate`."""
+    return evaluate(
+        self,
+        examples,
+        batch_size=batch_size,
+        scorer=scorer,
+        component_cfg=component_cfg,
+        scorer_cfg=scorer_cfg,
+        per_component=per_component,
+        window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
+    )
 
 
 def is_streaming(nlp: Language) -> bool:
     """Whether `nlp.evaluate` was made streaming by `install_streaming_evaluate`."""
     method = nlp.__dict__.get("evaluate")
-    return getattr(getattr(method, "__func__", None), "__name__", "") == "streaming_evaluate"
+    return isinstance(method, functools.partial) and method.func is _streaming_evaluate
 
 
 @registry.callbacks(CALLBACK_NAME)
@@ -660,13 +668,20 @@ class EvalCheckpoint:
         self.n_saves = 0
 
     def load(
-        self, nlp: Language, state_fingerprint: str, scorer_cfg: Optional[Dict[str, Any]] = None
+        self,
+        nlp: Language,
+        state_fingerprint: str,
+        scorer_cfg: Optional[Dict[str, Any]] = None,
+        per_component: Optional[bool] = None,
     ) -> Optional[Dict[str, Any]]:
         """Read the checkpoint, if there is one, and check it fits this run.
 
         nlp (Language): the pipeline, to restore the states.
         state_fingerprint (str): the fingerprint of this run's score state.
         scorer_cfg (Optional[dict]): the scorer settings of this run.
+        per_component (Optional[bool]): this run's setting (the counts do not depend
+            on it, so the restored state reports as this run asks); None keeps the
+            checkpoint's.
         RETURNS (Optional[dict]): None when there is no file; else a dict with the
             restored "state" (or None), "units" (index -> state), "n_examples",
             "n_batches" and "done".
@@ -687,11 +702,7 @@ class EvalCheckpoint:
         for what, key, value in (
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
-            (
-                "another scorer configuration (or --per-component setting)",
-                "scorer",
-                state_fingerprint,
-            ),
+            ("another scorer configuration", "scorer", state_fingerprint),
             ("another number of workers", "layout", self.layout),
         ):
             if data.get(key) != value:
@@ -703,17 +714,29 @@ class EvalCheckpoint:
                 )
         from .scoring import PipelineScoreState
 
-        self._saved_at_batch = int(data.get("n_batches", 0))
         state = data.get("state")
-        return {
-            "state": (
-                PipelineScoreState.from_dict(state, nlp, scorer_cfg) if state is not None else None
-            ),
-            "units": {int(k): v for k, v in (data.get("units") or {}).items()},
-            "n_examples": int(data.get("n_examples", 0)),
-            "n_batches": int(data.get("n_batches", 0)),
-            "done": bool(data.get("done", False)),
-        }
+        try:
+            resumed = {
+                "state": (
+                    PipelineScoreState.from_dict(state, nlp, scorer_cfg, per_component)
+                    if state is not None
+                    else None
+                ),
+                "units": {int(k): v for k, v in (data.get("units") or {}).items()},
+                "n_examples": int(data.get("n_examples", 0)),
+                "n_batches": int(data.get("n_batches", 0)),
+                "done": bool(data.get("done", False)),
+            }
+            for unit in resumed["units"].values():  # merged at the end: check them now
+                PipelineScoreState.from_dict(unit["state"], nlp, scorer_cfg)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CheckpointMismatchError(
+                f"The checkpoint {self.path} could not be restored ({type(e).__name__}: {e}): it "
+                "was written by another version of spacy-lean, or edited. Delete it (or give "
+                "another --checkpoint path) to start over."
+            ) from e
+        self._saved_at_batch = resumed["n_batches"]
+        return resumed
 
     def save(
         self,

@@ -237,6 +237,18 @@ def test_compact_vectors_whitespace_token_gets_zeros(trf_ner_nlp):
     assert doc.tensor[0].any()
 
 
+def test_compact_vectors_doc_of_only_whitespace_gets_zeros(trf_ner_nlp):
+    # A blank line of a real corpus: one whitespace token, no wordpiece to pool. In a
+    # batch with other docs spacy-transformers handles it; the cleaner must too.
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float32"})
+    docs = list(trf_ner_nlp.pipe(["Ada Lindqvist visited Veldmark .", "   ", "\n"]))
+    width = docs[0].tensor.shape[1]
+    for doc in docs[1:]:
+        assert doc.tensor.shape == (1, width)
+        assert not doc.tensor.any()
+        assert doc._.trf_data is None
+
+
 def test_no_op_in_update(trf_ner_dir, blank_nlp):
     train_docs = synthetic.make_ner_docs(blank_nlp, 4, seed=21)
     losses = []

@@ -122,6 +122,53 @@ def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
     assert result.exit_code == 1 and "Unknown --backend" in result.output
 
 
+def test_output_in_a_new_folder_is_written_and_a_bad_one_fails_first(
+    model_dir, shard_dir, tmp_path
+):
+    out = tmp_path / "results" / "run1" / "scores.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert srsly.read_json(out)["ents_f"] is not None
+    # A path that cannot be written fails before the evaluation, not after it.
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "scores.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "-o", bad, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert str(bad) in result.output and "Evaluated" not in result.output
+
+
+def test_checkpoint_in_a_folder_that_cannot_be_made_fails_first(model_dir, shard_dir, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "ckpt.json"
+    result = lean_evaluate(model_dir, shard_dir / "a.spacy", "--checkpoint", bad, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "--checkpoint" in result.output and str(bad) in result.output
+
+
+def test_folder_with_both_formats_says_how_to_pick_one_on_the_command_line(
+    model_dir, shard_dir, tmp_path
+):
+    # A .spacy file kept next to the .jsonl it was converted from.
+    from spacy_lean.corpus.jsonl import doc_to_record
+
+    data = tmp_path / "dev"
+    data.mkdir()
+    docs = list(DocBin().from_disk(shard_dir / "a.spacy").get_docs(spacy.blank("en").vocab))
+    DocBin(docs=docs).to_disk(data / "dev.spacy")
+    srsly.write_jsonl(data / "dev.jsonl", [doc_to_record(d) for d in docs])
+    result = lean_evaluate(model_dir, data, "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    output = " ".join(result.output.split())  # wasabi wraps the message
+    assert "both .spacy and .jsonl" in output and "give the path of one file" in output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir):
+    result = lean_evaluate(model_dir, shard_dir, "--gpu-id", "0", "--no-progress")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "--gpu-id 0" in result.output and "--gpu-id -1" in result.output
+
+
 def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner_corpus, tmp_path, monkeypatch):
     full = tmp_path / "full.json"
     assert lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0
@@ -153,6 +200,22 @@ def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner
 
     other = lean_evaluate(model_dir, ner_corpus["dev"], *args)
     assert other.exit_code == 1 and "other data" in other.output and "refusing to resume" in other.output
+
+
+def test_resume_honours_this_runs_per_component_setting(model_dir, shard_dir, tmp_path):
+    # The counts do not depend on --per-component, so a checkpoint resumes under either
+    # setting; the scores must come out as this run asks, not as the checkpoint's run did.
+    flat, nested = tmp_path / "flat.json", tmp_path / "nested.json"
+    assert lean_evaluate(model_dir, shard_dir, "-o", flat, "--no-progress").exit_code == 0
+    assert lean_evaluate(model_dir, shard_dir, "-P", "-o", nested, "--no-progress").exit_code == 0
+    for first, then, expected in (("", "-P", nested), ("-P", "", flat)):
+        ckpt, out = tmp_path / f"ckpt{first}.json", tmp_path / f"out{then}.json"
+        args = ["--checkpoint", ckpt, "--no-progress"]
+        assert lean_evaluate(model_dir, shard_dir, *args, *[a for a in [first] if a]).exit_code == 0
+        result = lean_evaluate(model_dir, shard_dir, *args, *[a for a in [then] if a], "-o", out)
+        assert result.exit_code == 0, result.output
+        assert "finished evaluation" in result.output
+        assert_same_scores(srsly.read_json(out), srsly.read_json(expected))
 
 
 @Language.factory("test_cli_oom_above", default_config={"max_docs": 2})

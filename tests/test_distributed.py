@@ -6,6 +6,7 @@ import pytest
 import spacy
 import srsly
 from spacy.language import Language
+from spacy.tokens import DocBin
 from spacy.util import minibatch
 from typer.testing import CliRunner
 
@@ -37,6 +38,7 @@ import os
 from pathlib import Path
 
 from spacy.language import Language
+from spacy.tokens import DocBin
 
 
 @Language.factory("test_crash_once", default_config={"marker": ""})
@@ -210,3 +212,79 @@ def test_cli_passes_the_token_budget_to_workers(model_dir, shard_dir, tmp_path):
     assert "Memory budget per worker: batches of at most 100 padded tokens" in result.output
     assert CliRunner().invoke(app, args + ["-o", str(b)]).exit_code == 0
     assert_same_scores(srsly.read_json(a), srsly.read_json(b))
+
+
+def test_checkpoint_resumes_with_the_data_path_given_another_way(
+    model_dir, shard_dir, tmp_path, monkeypatch
+):
+    # The same folder, named relative to another working directory: the same data and
+    # the same workers, so the finished checkpoint is used, not refused.
+    ckpt, a, b = tmp_path / "ckpt.json", tmp_path / "a.json", tmp_path / "b.json"
+    args = ["lean", "evaluate", str(model_dir), "--no-progress", "-w", "2"]
+    args += ["--checkpoint", str(ckpt)]
+    result = CliRunner().invoke(app, args + [str(shard_dir), "-o", str(a)])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(shard_dir.parent)
+    result = CliRunner().invoke(app, args + [shard_dir.name, "-o", str(b)])
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 shards already evaluated" in result.output
+    assert srsly.read_json(a) == srsly.read_json(b)
+
+
+# A component that stops its worker with a KeyboardInterrupt (as Ctrl-C does) the first
+# time it sees a doc of the given text (the marker file says it already did).
+INTERRUPT_ONCE_CODE = '''
+from pathlib import Path
+
+from spacy.language import Language
+from spacy.tokens import DocBin
+
+
+@Language.factory("test_interrupt_once", default_config={"marker": "", "text": ""})
+def make_interrupt_once(nlp, name, marker, text):
+    return InterruptOnce(marker, text)
+
+
+class InterruptOnce:
+    def __init__(self, marker, text):
+        self.marker = marker
+        self.text = text
+
+    def __call__(self, doc):
+        if self.text in doc.text and not Path(self.marker).exists():
+            Path(self.marker).write_text("")
+            raise KeyboardInterrupt()
+        return doc
+'''
+
+
+def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tmp_path):
+    from spacy.cli._util import import_code
+
+    code = tmp_path / "interrupt_once.py"
+    code.write_text(INTERRUPT_ONCE_CODE)
+    import_code(code)
+    nlp = spacy.load(model_dir)
+    nlp.add_pipe("test_interrupt_once", config={"marker": str(tmp_path / "hit"), "text": "Ctrl-C"})
+    nlp.to_disk(tmp_path / "model")
+    # The third shard is reached once a worker has finished one of the first two.
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in list_shards(shard_dir)[:2]:
+        (data / path.name).write_bytes(path.read_bytes())
+    synthetic.write_ner_corpus(data / "z.spacy", 3, seed=44)
+    docs = list(DocBin().from_disk(data / "z.spacy").get_docs(nlp.vocab))
+    DocBin(docs=docs + [nlp.make_doc("Ctrl-C pressed here .")]).to_disk(data / "z.spacy")
+    ckpt = tmp_path / "ckpt.json"
+    args = ["lean", "evaluate", str(tmp_path / "model"), str(data), "-w", "2", "--code", str(code),
+            "--checkpoint", str(ckpt), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130 and "resume" in result.output, result.output
+    # Saved on the interrupt, although --checkpoint-every (50 shards) was not reached.
+    assert srsly.read_json(ckpt)["units"] and not srsly.read_json(ckpt)["done"]
+    result = CliRunner().invoke(app, args + ["-o", str(tmp_path / "out.json")])
+    assert result.exit_code == 0, result.output
+    assert "of 3 shards already evaluated" in result.output
+    expected = single_process(tmp_path / "model", data)
+    expected = srsly.json_loads(srsly.json_dumps(expected))
+    assert_same_scores(srsly.read_json(tmp_path / "out.json"), expected)

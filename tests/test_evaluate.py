@@ -322,6 +322,26 @@ def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
         StreamingEvaluator(nlp).run([Example(nlp.make_doc("a b"), nlp.make_doc("a b"))], skip=3)
 
 
+def test_checkpoint_whose_state_cannot_be_restored_is_refused_with_its_path(trf_ner_nlp, tmp_path):
+    # Written by another spacy-lean version (another state format), one state per unit
+    # (--workers) or one for the stream: refused when loaded, not a traceback later.
+    nlp = trf_ner_nlp
+    state = StreamingEvaluator(nlp).state
+    path = tmp_path / "c.json"
+    for units in (None, {0: {"state": state.to_dict(), "n_examples": 2}}):
+        ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d")
+        ckpt.save(state, n_examples=2, units=units)
+        data = srsly.read_json(path)
+        if units is None:
+            data["state"]["format"] = 99
+        else:
+            data["units"]["0"]["state"]["format"] = 99
+        srsly.write_json(path, data)
+        with pytest.raises(CheckpointMismatchError, match="could not be restored") as err:
+            ckpt.load(nlp, state.fingerprint)
+        assert str(path) in str(err.value) and "start over" in str(err.value)
+
+
 def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypatch):
     calls = []
     import spacy_lean.streaming as module
@@ -333,6 +353,19 @@ def test_callback_makes_nlp_evaluate_streaming(trf_ner_nlp, gold_docs, monkeypat
     assert nlp is trf_ner_nlp and is_streaming(nlp)
     assert_same_scores(nlp.evaluate(fresh_examples(nlp, gold_docs), batch_size=5), expected)
     assert calls and calls[0]["batch_size"] == 5 and calls[0]["window_size"] == 0
+
+
+def test_streaming_pipeline_still_pickles(trf_ner_nlp, gold_docs):
+    # nlp.pipe(n_process=2) pickles the pipeline where processes are spawned (macOS,
+    # Windows, forkserver); a pipeline made streaming must survive it, still streaming.
+    import pickle
+
+    nlp = make_streaming_evaluate_v1(window_size=0)(trf_ner_nlp)
+    expected = nlp.evaluate(fresh_examples(nlp, gold_docs))
+    copy = pickle.loads(pickle.dumps(nlp))
+    assert is_streaming(copy)
+    assert copy.evaluate.__doc__ == evaluate.__doc__
+    assert_same_scores(copy.evaluate(fresh_examples(copy, gold_docs)), expected)
 
 
 def test_strip_callback_removes_only_ours(trf_ner_nlp):

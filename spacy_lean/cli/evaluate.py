@@ -133,9 +133,29 @@ def evaluate_streaming_cli(
         shards = list_shards(data_path)
     except (FileNotFoundError, ValueError) as e:
         msg.fail("Evaluation data not usable", f"{e}", exits=1)
+    for option, path in (("--output", output), ("--checkpoint", checkpoint)):
+        if path is None:
+            continue
+        # Before the evaluation: a folder that cannot be made would lose its results.
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            msg.fail(
+                f"Cannot write the {option} file {path}",
+                f"{e}. Give a path in a folder that exists or can be created.",
+                exits=1,
+            )
     gpu_ids: List[int] = []
     if workers == 1 and backend == "processes":
-        setup_gpu(use_gpu)
+        try:
+            setup_gpu(use_gpu)
+        except ValueError as e:  # thinc's require_gpu: no cupy, or no GPU visible
+            msg.fail(
+                f"--gpu-id {use_gpu}: {e}",
+                "Use --gpu-id -1 for CPU, or install cupy for your CUDA version "
+                "(pip install spacy-lean[cuda12x]).",
+                exits=1,
+            )
     elif use_gpu >= 0:
         gpu_ids = _visible_gpus(use_gpu)
     nlp = _load_pipeline(model)
@@ -146,12 +166,12 @@ def evaluate_streaming_cli(
         from ..distributed import make_units
 
         single = workers == 1 and backend == "processes"
-        layout = "stream" if single else _layout(make_units(shards, workers))
+        layout = "stream" if single else _layout(make_units(shards, workers), data_path)
         ckpt = _make_checkpoint(
             model, nlp, shards, gold_preproc, checkpoint, checkpoint_every, layout
         )
         try:
-            resumed = ckpt.load(nlp, state.fingerprint)
+            resumed = ckpt.load(nlp, state.fingerprint, per_component=per_component)
         except CheckpointMismatchError as e:
             msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
     start = time.perf_counter()
@@ -258,8 +278,16 @@ def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
     )
 
 
-def _layout(units) -> str:
-    return "units:" + "|".join(f"{u.shard}#{u.part[0]}/{u.part[1]}" for u in units)
+def _layout(units, data_path: Path) -> str:
+    """The units, named relative to the data path: the same data given as another path
+    (relative, from another directory) has the same layout."""
+    root = Path(data_path)
+
+    def name(shard: str) -> str:
+        path = Path(shard)
+        return path.name if path == root else path.relative_to(root).as_posix()
+
+    return "units:" + "|".join(f"{name(u.shard)}#{u.part[0]}/{u.part[1]}" for u in units)
 
 
 def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initial: int = 0):
@@ -411,6 +439,11 @@ def _run_workers(
         if ckpt is not None:
             ckpt.save(state, units=done)
         msg.fail("Evaluation failed", str(e), exits=1)
+    except KeyboardInterrupt:
+        # Finished units are whole: keep them, whether or not a save was due.
+        if ckpt is not None:
+            ckpt.save(state, units=done)
+        raise
     finally:
         bar.close()
     if ckpt is not None:

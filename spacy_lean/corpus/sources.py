@@ -84,7 +84,8 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
         if len(present) > 1:
             raise ValueError(
                 f"'{path}' holds both .spacy and .jsonl files. Set the reader's "
-                "file_format to 'spacy' or 'jsonl' to say which to read."
+                "file_format to 'spacy' or 'jsonl' to say which to read (on the command "
+                "line: give the path of one file, or of a folder holding one kind)."
             )
         suffix = present[0]
     elif suffix not in FORMATS:
