@@ -518,6 +518,32 @@ def test_callback_settings_reach_the_policy(pipeline_dir, exact):
     assert policy.trim_heap_slack_mb == (None if exact else 8.0)
 
 
+def test_pipeline_with_the_callback_pickles_and_still_updates_lean(pipeline_dir, batches):
+    """nlp.pipe(n_process=2) pickles the pipeline where processes are spawned (macOS,
+    Windows, forkserver): `nlp.update` was a method bound to a local function, which
+    pickle refuses. The copy keeps its own policy (settings and counters) and updates
+    with lean_update."""
+    import pickle
+
+    from spacy.util import registry
+
+    nlp = fresh(pipeline_dir, limit=150)
+    registry.callbacks.get(CALLBACK_NAME)(max_padded_tokens=10**6)(nlp)
+    with pytest.warns(OOMSplitWarning):
+        nlp.update(batches[0], sgd=False)
+    copy = pickle.loads(pickle.dumps(nlp))
+    policy = get_update_policy(copy)
+    assert policy is not get_update_policy(nlp) and policy.max_padded_tokens == 10**6
+    # The counters and the learned limits came along: the next batch is split at once.
+    assert policy.batches == 1 and policy.learned_limits == get_update_policy(nlp).learned_limits
+    micro_before = policy.micro_batches
+    copy.update(batches[1], sgd=False)
+    assert policy.batches == 2 and policy.micro_batches - micro_before > 1
+    probe = copy.get_pipe("oom_probe")
+    assert sorted(probe.seen[-len(batches[1]):]) == sorted(eg.predicted.text for eg in batches[1])
+    assert copy.update.__doc__ == lean_update.__doc__
+
+
 def test_spacy_lean_train_uses_the_config_callbacks_policy():
     """`spacy lean train` updates with the policy a config's lean_training.v1 callback
     installed (all its settings), `--max-padded-tokens` replacing only the ceiling;

@@ -1,7 +1,7 @@
 """spaCy integration: make `nlp.update` out-of-memory-safe on an instance, so stock
 `spacy train config.cfg` trains with `lean_update` (an `[nlp.after_pipeline_creation]`
 callback, like the streaming evaluation's)."""
-import types
+import functools
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from spacy.language import Language
@@ -31,56 +31,62 @@ def install_lean_update(nlp: Language, policy: Optional[UpdatePolicy] = None) ->
     """
     if policy is None:
         policy = UpdatePolicy()
-
-    def lean_training_update(
-        self: Language,
-        examples: Iterable[Example],
-        _: Optional[Any] = None,
-        *,
-        drop: float = 0.0,
-        sgd: Optional[Optimizer] = None,
-        losses: Optional[Dict[str, float]] = None,
-        component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
-        exclude: Iterable[str] = (),
-        annotates: Iterable[str] = (),
-    ) -> Dict[str, float]:
-        if _ is not None:  # the same guard as Language.update
-            return Language.update(self, examples, _, drop=drop, sgd=sgd, losses=losses)
-        exclude = list(exclude)
-        losses = lean_update(
-            self,
-            examples,
-            drop=drop,
-            losses=losses,
-            exclude=exclude,
-            annotates=annotates,
-            component_cfg=component_cfg,
-            policy=policy,
-        )
-        if sgd is not False:
-            if sgd is None:
-                if self._optimizer is None:
-                    self._optimizer = self.create_optimizer()
-                sgd = self._optimizer
-            for name, proc in self.pipeline:
-                if (
-                    name not in exclude
-                    and getattr(proc, "is_trainable", False)
-                    and getattr(proc, "model", None) not in (True, False, None)
-                ):
-                    proc.finish_update(sgd)
-        return losses
-
-    lean_training_update.__doc__ = lean_update.__doc__
-    lean_training_update.policy = policy  # type: ignore[attr-defined]
-    nlp.update = types.MethodType(lean_training_update, nlp)  # type: ignore[method-assign]
+    # A partial of a module-level function, not a method bound to a local function, so
+    # the pipeline still pickles (`nlp.pipe(n_process=2)` where processes are spawned).
+    method = functools.partial(_lean_training_update, nlp, policy=policy)
+    method.__doc__ = lean_update.__doc__
+    nlp.update = method  # type: ignore[method-assign]
     return nlp
+
+
+def _lean_training_update(
+    self: Language,
+    examples: Iterable[Example],
+    _: Optional[Any] = None,
+    *,
+    drop: float = 0.0,
+    sgd: Optional[Optimizer] = None,
+    losses: Optional[Dict[str, float]] = None,
+    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
+    exclude: Iterable[str] = (),
+    annotates: Iterable[str] = (),
+    policy: UpdatePolicy,
+) -> Dict[str, float]:
+    """`nlp.update` of a pipeline given `lean_update` by `install_lean_update`."""
+    if _ is not None:  # the same guard as Language.update
+        return Language.update(self, examples, _, drop=drop, sgd=sgd, losses=losses)
+    exclude = list(exclude)
+    losses = lean_update(
+        self,
+        examples,
+        drop=drop,
+        losses=losses,
+        exclude=exclude,
+        annotates=annotates,
+        component_cfg=component_cfg,
+        policy=policy,
+    )
+    if sgd is not False:
+        if sgd is None:
+            if self._optimizer is None:
+                self._optimizer = self.create_optimizer()
+            sgd = self._optimizer
+        for name, proc in self.pipeline:
+            if (
+                name not in exclude
+                and getattr(proc, "is_trainable", False)
+                and getattr(proc, "model", None) not in (True, False, None)
+            ):
+                proc.finish_update(sgd)
+    return losses
 
 
 def get_update_policy(nlp: Language) -> Optional[UpdatePolicy]:
     """The policy of an `nlp.update` installed by `install_lean_update`, else None."""
     method = nlp.__dict__.get("update")
-    return getattr(getattr(method, "__func__", None), "policy", None)
+    if isinstance(method, functools.partial) and method.func is _lean_training_update:
+        return method.keywords["policy"]
+    return None
 
 
 @registry.callbacks(CALLBACK_NAME)
