@@ -195,8 +195,14 @@ def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner
     result = lean_evaluate(model_dir, shard_dir, *args, "-o", resumed)
     assert result.exit_code == 0, result.output
     assert "Resuming from the checkpoint: 6 examples" in result.output
+    total = srsly.read_json(ckpt)["n_examples"]
+    assert f"Evaluated {total - 6} examples in" in result.output
+    assert f"6 more before, from {ckpt}" in " ".join(result.output.split())
     assert without_speed(srsly.read_json(resumed)) == without_speed(srsly.read_json(full))
     assert srsly.read_json(ckpt)["done"]
+    again = lean_evaluate(model_dir, shard_dir, *args)
+    assert again.exit_code == 0
+    assert f"All {total} examples were evaluated by an earlier run" in again.output
 
     other = lean_evaluate(model_dir, ner_corpus["dev"], *args)
     assert other.exit_code == 1 and "other data" in other.output and "refusing to resume" in other.output

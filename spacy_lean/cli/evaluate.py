@@ -193,7 +193,11 @@ def evaluate_streaming_cli(
                 progress=progress,
             )
     except CorruptShardError as e:
-        hint = f" Progress is saved in {checkpoint}: rerun to resume." if ckpt else ""
+        hint = (
+            f" The progress so far is saved in {checkpoint}, and resumes on the same data: "
+            "after re-creating the file, delete the checkpoint and start again."
+            if ckpt else ""
+        )
         msg.fail("Could not read the evaluation data", f"{e}{hint}", exits=1)
     except CheckpointMismatchError as e:
         msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
@@ -209,8 +213,18 @@ def evaluate_streaming_cli(
             "(spacy convert / DocBin.to_disk writes .spacy files).",
             exits=1,
         )
-    rate = n_examples / max(elapsed, 1e-9)
-    msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} docs/s)")
+    before = int(resumed.get("n_examples") or 0) if resumed else 0
+    if resumed and resumed.get("done"):
+        msg.good(f"All {n_examples} examples were evaluated by an earlier run ({checkpoint})")
+    elif before:
+        rate = (n_examples - before) / max(elapsed, 1e-9)
+        msg.good(
+            f"Evaluated {n_examples - before} examples in {elapsed:.1f}s ({rate:.1f} docs/s); "
+            f"{before} more before, from {checkpoint}"
+        )
+    else:
+        rate = n_examples / max(elapsed, 1e-9)
+        msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} docs/s)")
     scores = state.result()
     _print_scores(scores, per_component=per_component, spans_key=spans_key, output=output)
     if output is not None:

@@ -43,8 +43,9 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
-            f"Corpus path not found: '{path}'. Check the path (e.g. [paths.train] in "
-            "your config, or --paths.train on the command line)."
+            f"Corpus path not found: '{path}'. Check the path: the data argument of the "
+            "command, or the reader's path in a training config ([paths.train], [paths.dev]; "
+            "--paths.train on the command line)."
         )
     if path.is_file():
         fmt = detect_format(path)
