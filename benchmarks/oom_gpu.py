@@ -59,24 +59,12 @@ DETERMINISTIC = {
 
 
 def gradients(nlp):
-    """Every gradient of the pipeline (thinc's and torch's), in a fixed order, as numpy."""
-    out, seen = [], set()
-    for _, proc in nlp.pipeline:
-        model = getattr(proc, "model", None)
-        if model is None:
-            continue
-        for node in model.walk():
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            for name in node.param_names:
-                grad = node.get_grad(name) if node.has_grad(name) else None
-                out.append(None if grad is None else node.ops.to_numpy(grad).copy())
-            for shim in node.shims:
-                for _, param in shim._model.named_parameters():
-                    grad = param.grad
-                    out.append(None if grad is None else grad.detach().cpu().numpy().copy())
-    return out
+    """Every gradient of the pipeline (thinc's and torch's), in the fixed order of the
+    data-parallel loop's parameter list, as numpy; absent ones as None."""
+    from spacy_lean.training.dist import collect_params
+
+    grads = [entry.grad_tensor() for entry in collect_params(nlp)]
+    return [None if g is None else g.detach().cpu().numpy().copy() for g in grads]
 
 
 def gradient_differences(got, expected, floor=1e-6):
