@@ -53,6 +53,8 @@ def test_lean_help_lists_evaluate():
     result = runner.invoke(app, ["lean", "--help"])
     assert result.exit_code == 0
     assert "evaluate" in result.output
+    # The group's summary names what its commands do (`train` included).
+    assert "memory-lean training, evaluation" in result.output
 
 
 def test_output_equals_spacy_evaluate(model_dir, ner_corpus, tmp_path):

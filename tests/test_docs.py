@@ -4,7 +4,10 @@
   into a markdown file (or into the same page) names a heading of that file;
 - every `spacy lean <command>` named in them exists: its `--help` runs;
 - every name registered in setup.cfg's entry points is documented on a page of docs/;
-- every chart in benchmarks/results/ is shown on some page.
+- every chart in benchmarks/results/ is shown on some page;
+- every `spacy_lean.x.y` named exists; every settings table of a registered function and
+  every options table of a `spacy lean` command lists exactly the real settings / flags, with
+  the real defaults where a cell holds a plain value.
 """
 import configparser
 import re
@@ -232,3 +235,220 @@ def test_every_chart_is_shown():
                 shown.add((page.parent / target.partition("#")[0]).resolve())
     missing = [str(c.relative_to(ROOT)) for c in charts if c.resolve() not in shown]
     assert not missing, f"charts shown on no page (add them, with a caption, where their figures are): {missing}"
+
+
+# --- the pages against the code ---------------------------------------------------------
+
+DOTTED_NAME = re.compile(r"\bspacy_lean(?:\.[A-Za-z_]\w*)+")
+
+
+def _resolve(dotted):
+    """The object a dotted name names: the longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
+
+
+MODULE_TABLE = re.compile(r"^\| [A-Za-z]+ \(`(spacy_lean(?:\.\w+)*)`\) \|")
+
+
+def _names_in_module_tables(text):
+    """`module.name` for each row of a table headed "| Function (`module`) | ...", whose
+    first cells name functions or classes (`name(...)` or `Name`)."""
+    module = None
+    for line in text.splitlines():
+        match = MODULE_TABLE.match(line)
+        if match:
+            module = match.group(1)
+        elif module and line.startswith("| `"):
+            yield module + "." + re.match(r"[|] `(\w+)", line).group(1)
+        elif module and not line.startswith("|"):
+            module = None
+
+
+def test_named_python_objects_exist():
+    """Every `spacy_lean.x.y` a page names imports, or is an attribute of what does; so
+    does every name in a table headed with its module ("Function (`spacy_lean.corpus`)")."""
+    missing = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for name in sorted(set(DOTTED_NAME.findall(text)) | set(_names_in_module_tables(text))):
+            try:
+                _resolve(name)
+            except (ImportError, AttributeError) as e:
+                missing.append(f"{page.relative_to(ROOT)}: {name} ({e})")
+    assert not missing, "names on the pages that the code does not have:\n" + "\n".join(missing)
+
+
+def _table_after(page, anchor, header):
+    """The rows (lists of cells) of the first table whose header starts with `header`,
+    after the first heading of `page` that contains `anchor` (else its first line that
+    does)."""
+    lines = (DOCS / page).read_text(encoding="utf-8").splitlines()
+    marks = [i for i, line in enumerate(lines) if anchor in line]
+    headings = [i for i in marks if HEADING.match(lines[i])]
+    assert marks, f"{page} does not name {anchor}"
+    start = (headings or marks)[0]
+    rows, in_table = [], False
+    for line in lines[start:]:
+        if not in_table:
+            in_table = line.startswith(header)
+            continue
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not set(cells[0]) <= set("-: "):
+            rows.append(cells)
+    assert rows, f"no table '{header} ...' after {anchor!r} in {page}"
+    return rows
+
+
+def _doc_default(cell):
+    """A default cell as a value: its first `code` span read as JSON (`null`, `true`,
+    `2000`, `"doc"`, `[]`), else None with `False` for "not comparable"."""
+    import json
+
+    match = re.match(r"`([^`]*)`", cell)
+    if not match:
+        return None, False
+    try:
+        return json.loads(match.group(1)), True
+    except ValueError:
+        return None, False
+
+
+# Registered name -> (page, text the settings table follows).
+SETTINGS_TABLES = {
+    "lean_cleaner": ("lean_cleaner.md", "`lean_cleaner`"),
+    "char_lm": ("charlm.md", "`char_lm` component"),
+    "spacy-lean.CharLMEmbed.v1": ("charlm.md", "`spacy-lean.CharLMEmbed.v1`"),
+    "spacy-lean.Corpus.v1": ("corpus.md", "`spacy-lean.Corpus.v1` settings"),
+    "spacy-lean.batch_by_tokens.v1": ("corpus.md", "`spacy-lean.batch_by_tokens.v1` settings"),
+    "spacy-lean.streaming_evaluate.v1": ("evaluation.md", "`spacy-lean.streaming_evaluate.v1`:"),
+    "spacy-lean.strip_streaming_evaluate.v1": None,  # no settings (said on evaluation.md)
+    "spacy-lean.lean_training.v1": ("training.md", "### Settings"),
+}
+
+
+def test_settings_tables_match_the_signatures():
+    """Both ways: every setting of a registered function has a row in its table, with
+    the real default where the cell is a literal, and every row names a real setting."""
+    import importlib
+    import inspect
+
+    from spacy.language import Language
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    problems = []
+    for group, body in cfg["options.entry_points"].items():
+        if group == "spacy_cli":
+            continue
+        for line in body.strip().splitlines():
+            name, target = (x.strip() for x in line.split("=", 1))
+            assert name in SETTINGS_TABLES, f"{name}: add its settings table to SETTINGS_TABLES"
+            module, attr = target.split(":")
+            params = {
+                p.name: p for p in
+                inspect.signature(getattr(importlib.import_module(module), attr)).parameters.values()
+                if p.name not in ("nlp", "name")
+            }
+            if SETTINGS_TABLES[name] is None:
+                assert not params, f"{name} takes settings now: document them"
+                continue
+            page, anchor = SETTINGS_TABLES[name]
+            defaults = Language.get_factory_meta(name).default_config if group == "spacy_factories" else {}
+            documented = {}
+            for cells in _table_after(page, anchor, "| Setting"):
+                for setting in re.findall(r"`(\w+)`", cells[0]):
+                    documented[setting] = cells[2]
+            for setting in sorted(set(documented) - set(params)):
+                problems.append(f"{name}: {page} documents `{setting}`, which it does not take")
+            for setting, param in params.items():
+                if setting not in documented:
+                    problems.append(f"{name}: `{setting}` has no row in {page}")
+                    continue
+                real = defaults.get(setting, param.default)
+                if real is inspect.Parameter.empty:
+                    continue
+                value, comparable = _doc_default(documented[setting])
+                if comparable and value != (list(real) if isinstance(real, (list, tuple)) else real):
+                    problems.append(
+                        f"{name}: `{setting}` defaults to {real!r}; {page} says {documented[setting]}"
+                    )
+    assert not problems, "\n".join(problems)
+
+
+# `spacy lean` command -> the page with its options table, and the table's header.
+COMMAND_PAGES = {
+    "evaluate": ("evaluation.md", "| Option"),
+    "shard": ("corpus.md", "| Argument / flag"),
+    "train": ("training.md", "| Option"),
+    "train-charlm": ("charlm_training.md", "| Option"),
+}
+
+
+def test_command_options_tables_match_the_cli():
+    """Both ways: every option of a `spacy lean` command has a row in its page's table,
+    listing all its flags (short ones included), with the real default where the cell is
+    a plain value; every flag in the table is one of the command's."""
+    import typer
+
+    from spacy_lean.cli import lean_cli
+
+    group = typer.main.get_command(lean_cli)
+    assert set(group.commands) == set(COMMAND_PAGES), "add the command's page to COMMAND_PAGES"
+    problems = []
+    for command_name, command in group.commands.items():
+        page, header = COMMAND_PAGES[command_name]
+        rows = [
+            cells
+            for cells in _table_after(page, f"spacy lean {command_name}", header)
+            if cells[0].startswith("`-")
+        ]
+        flags_of_rows = [re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", cells[0]) for cells in rows]
+        real_flags = set()
+        for param in command.params:
+            if param.param_type_name != "option":
+                continue
+            flags = param.opts + param.secondary_opts
+            real_flags |= set(flags)
+            matching = [(cells, f) for cells, f in zip(rows, flags_of_rows) if flags[0] in f]
+            if not matching:
+                problems.append(f"spacy lean {command_name} {flags[0]}: no row in {page}")
+                continue
+            cells, listed = matching[0]
+            missing = [f for f in flags if f not in listed]
+            if missing:
+                problems.append(f"spacy lean {command_name} {flags[0]}: {page} does not list {missing}")
+            doc = cells[2].strip("` ")
+            if param.is_flag:
+                real = "on" if param.default else "off"
+            elif param.default is None or isinstance(param.default, bool):
+                continue
+            else:
+                real = str(getattr(param.default, "value", param.default))
+            if re.fullmatch(r"-?[\d.]+", doc) and re.fullmatch(r"-?[\d.]+", real):
+                same = float(doc) == float(real)
+            elif re.fullmatch(r"[\w-]+", doc) and doc not in ("auto",):
+                same = doc == real
+            else:
+                continue
+            if not same:
+                problems.append(
+                    f"spacy lean {command_name} {flags[0]}: default {real}; {page} says {cells[2]}"
+                )
+        for listed in flags_of_rows:
+            for flag in listed:
+                if flag not in real_flags and not flag.startswith("--section"):
+                    problems.append(f"spacy lean {command_name}: {page} lists {flag}, which it lacks")
+    assert not problems, "\n".join(problems)

@@ -6,7 +6,7 @@ from spacy.cli._util import app
 
 lean_cli = typer.Typer(
     name="lean",
-    help="spacy-lean: memory-lean evaluation, corpora and character-LM embeddings.",
+    help="spacy-lean: memory-lean training, evaluation, corpora and character-LM embeddings.",
     no_args_is_help=True,
 )
 app.add_typer(lean_cli)

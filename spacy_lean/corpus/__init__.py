@@ -8,6 +8,7 @@ from .reader import CorpusStats, CorpusStream, LeanCorpus, create_lean_corpus_v1
 from .shards import default_rank_and_size, split_among, write_shards  # noqa: F401
 from .sources import (  # noqa: F401
     CorruptShardError,
+    count_shard_docs,
     iter_shard_docs,
     list_shards,
     path_fingerprint,
