@@ -363,3 +363,16 @@ def test_component_from_bytes_and_disk_use_the_saved_store(lm_paths, docs, tmp_p
         assert pipe.store == pipe.cfg["store"] == "charlm_saved_store"
         assert numpy.array_equal(doc._.charlm_saved_store, expected)
         assert doc.tensor.size == 0
+
+
+def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
+    """A training batch whose docs have no tokens: nothing ran through the LMs, so
+    there is nothing to backpropagate (torch raised 'does not require grad')."""
+    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]),
+                                  fine_tune=True)
+    model.initialize()
+    empty = Doc(docs[0].vocab, words=[])
+    for batch in ([empty], [empty, empty], [empty, docs[1]]):
+        Y, backprop = model.begin_update(batch)
+        assert [y.shape for y in Y] == [(len(d), 128) for d in batch]
+        assert backprop([model.ops.xp.ones_like(y) for y in Y]) == []
