@@ -252,3 +252,19 @@ def test_loader_argument_errors(encoded):
         CharLMLoader(encoded, batch_size=0, bptt=4)
     with pytest.raises(ValueError, match="rank"):
         CharLMLoader(encoded, batch_size=2, bptt=4, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 1 << 20])
+def test_invalid_utf8_names_the_file_and_byte(tmp_path, chunk_size):
+    """One bad byte in one file of a folder: the error says which file and where (it
+    was codec's 'position 804' of some chunk of some file)."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Gut. Größe\n", encoding="utf8")
+    (folder / "b.txt").write_bytes("Straße und ".encode("utf8") + b"\xff" + b" mehr\n")
+    with pytest.raises(ValueError, match=r"b\.txt is not valid UTF-8.* at byte 12\b"):
+        list(iter_text_chunks([folder], chunk_size=chunk_size))
+    # A file cut inside a multi-byte character fails the same way, at its end.
+    (folder / "b.txt").write_bytes("Straß".encode("utf8")[:-1])
+    with pytest.raises(ValueError, match=r"b\.txt is not valid UTF-8.* at byte 4\b"):
+        list(iter_text_chunks([folder], chunk_size=chunk_size))

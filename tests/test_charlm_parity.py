@@ -167,3 +167,22 @@ def test_embedder_errors():
         CharLMEmbedder(forward, batch_size=0)
     with pytest.raises(ValueError, match="threads must be >= 1"):
         CharLMEmbedder(forward, threads=0)
+
+
+@pytest.mark.parametrize("text", ["A short note.\n", "Two lines.\n\n", " \t ", "\n"])
+def test_plain_mode_keeps_trailing_whitespace_tokens(text):
+    """spaCy keeps whitespace as tokens ("\\n" at the end of a text read from a file):
+    in plain mode only the last token's trailing space is dropped (what Flair's
+    `rstrip` drops, Flair tokens never being whitespace), not the token itself, so its
+    rows are real LM states, alone or next to a longer doc."""
+    nlp = spacy.blank("en")
+    doc, longer = nlp(text), nlp("A much longer sentence that sets the padded length here.")
+    embedder = CharLMEmbedder(*_lms("h64"), tokenized_lm=False)
+    alone, _ = embedder([doc])
+    batched, _ = embedder([doc, longer])
+    assert alone.shape == (len(doc), 128)
+    assert float((alone - batched[: len(doc)]).abs().max()) <= TOLERANCE
+    # Plain mode on a doc of single-spaced tokens is the tokenized input.
+    tokenized, _ = CharLMEmbedder(*_lms("h64"))([doc])
+    if all(t.whitespace_ for t in doc[:-1]):
+        assert float((alone - tokenized).abs().max()) <= TOLERANCE

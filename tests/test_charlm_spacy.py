@@ -341,3 +341,38 @@ def test_inside_a_spacy_tok2vec_next_to_hash_embeddings(lm_paths, docs):
     assert [y.shape for y in Y] == [(len(d), 24) for d in docs[:5]]
     backprop([model.ops.xp.ones_like(y) for y in Y])
     model.finish_update(Adam(0.001))
+
+
+def test_component_from_bytes_and_disk_use_the_saved_store(lm_paths, docs, tmp_path):
+    """The loaded cfg says where the vectors go, and the component puts them there (it
+    wrote doc.tensor while its cfg said the extension)."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("char_lm", config={"store": "charlm_saved_store", "model": {
+        "forward_lm": str(lm_paths["forward"]), "backward_lm": None}})
+    nlp.initialize()
+    expected = nlp(docs[2])._.charlm_saved_store
+    nlp.to_disk(tmp_path / "pipeline")
+    for load in ("bytes", "disk"):
+        blank = spacy.blank("en")
+        pipe = blank.add_pipe("char_lm")
+        if load == "bytes":
+            blank.from_bytes(nlp.to_bytes())
+        else:
+            blank.from_disk(tmp_path / "pipeline")
+        doc = blank(docs[2])
+        assert pipe.store == pipe.cfg["store"] == "charlm_saved_store"
+        assert numpy.array_equal(doc._.charlm_saved_store, expected)
+        assert doc.tensor.size == 0
+
+
+def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
+    """A training batch whose docs have no tokens: nothing ran through the LMs, so
+    there is nothing to backpropagate (torch raised 'does not require grad')."""
+    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]),
+                                  fine_tune=True)
+    model.initialize()
+    empty = Doc(docs[0].vocab, words=[])
+    for batch in ([empty], [empty, empty], [empty, docs[1]]):
+        Y, backprop = model.begin_update(batch)
+        assert [y.shape for y in Y] == [(len(d), 128) for d in batch]
+        assert backprop([model.ops.xp.ones_like(y) for y in Y]) == []

@@ -62,17 +62,22 @@ class CharLMComponent(Pipe):
     """Sets character-LM token vectors on docs (`doc.tensor` or an extension)."""
 
     def __init__(self, vocab, model: Model, name: str = "char_lm", *, store: str = "tensor"):
+        self.vocab = vocab
+        self.model = model
+        self.name = name
+        self.cfg = {}
+        self._set_store(store)
+
+    def _set_store(self, store: str) -> None:
+        """Validate `store`, register its extension if needed, and use it."""
         if not isinstance(store, str) or not store:
             raise ValueError(
                 f"store must be 'tensor' or the name of a Doc extension, got {store!r}"
             )
         if store != "tensor" and not store.isidentifier():
             raise ValueError(f"store must be a valid extension name, got {store!r}")
-        self.vocab = vocab
-        self.model = model
-        self.name = name
         self.store = store
-        self.cfg = {"store": store}
+        self.cfg["store"] = store
         if store != "tensor" and not Doc.has_extension(store):
             Doc.set_extension(store, default=None)
 
@@ -124,6 +129,7 @@ class CharLMComponent(Pipe):
     def from_bytes(self, bytes_data: bytes, *, exclude=SimpleFrozenList()) -> "CharLMComponent":
         msg = srsly.msgpack_loads(bytes_data)
         self.cfg.update(msg.get("cfg", {}))
+        self._set_store(self.cfg["store"])
         self.model.from_bytes(msg["model"])
         return self
 
@@ -139,6 +145,7 @@ class CharLMComponent(Pipe):
         path = Path(path)
         if (path / "cfg").exists():
             self.cfg.update(srsly.read_json(path / "cfg"))
+            self._set_store(self.cfg["store"])
         try:
             self.model.from_disk(path / "model")
         except CheckpointError as err:

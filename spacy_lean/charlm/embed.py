@@ -62,8 +62,12 @@ def _layout(items: Sequence[WordsInput], tokenized_lm: bool) -> _Texts:
             texts.append(" ".join(words))
             all_spaces.extend([True] * len(words))
         else:
-            # Flair's `Sentence.to_plain_string()` strips trailing whitespace.
-            texts.append("".join(w + " " if s else w for w, s in zip(words, spaces)).rstrip())
+            # Flair's `Sentence.to_plain_string()` strips trailing whitespace: the last
+            # token's space (Flair tokens are never whitespace; spaCy's "\n" tokens stay).
+            last = len(words) - 1
+            texts.append("".join(
+                w + " " if s and j < last else w for j, (w, s) in enumerate(zip(words, spaces))
+            ))
             all_spaces.extend(spaces)
     total = len(all_words)
     lens = numpy.fromiter(map(len, all_words), dtype=numpy.int64, count=total)

@@ -232,7 +232,8 @@ def forward(model: Model, docs: InT, is_train: bool) -> Tuple[OutT, Callable]:
     wrapper = model.layers[0]
     if not docs:
         return [], lambda dY: []
-    if is_train and model.attrs["fine_tune"]:
+    # Docs without tokens send nothing through the LMs: nothing to backpropagate.
+    if is_train and model.attrs["fine_tune"] and any(len(doc) for doc in docs):
         Y, backprop_lms = wrapper(docs, is_train=True)
 
         def backprop(dY: OutT) -> InT:

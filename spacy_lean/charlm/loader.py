@@ -88,13 +88,24 @@ def iter_text_chunks(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     for path in expand_paths(paths):
-        decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(), True)
+        utf8 = codecs.getincrementaldecoder("utf-8")()
+        decoder = io.IncrementalNewlineDecoder(utf8, True)
         last = ""
+        offset = 0  # bytes of the file read before `data`
         with open(path, "rb") as file_:
             while True:
                 data = file_.read(chunk_size)
                 final = not data
-                text = decoder.decode(data, final=final)
+                pending = len(utf8.getstate()[0])  # bytes held back from earlier reads
+                try:
+                    text = decoder.decode(data, final=final)
+                except UnicodeDecodeError as err:
+                    raise ValueError(
+                        f"{path} is not valid UTF-8: {err.reason} at byte "
+                        f"{offset - pending + err.start:,} "
+                        f"({err.object[err.start:err.end]!r}). Fix or re-encode the file."
+                    ) from None
+                offset += len(data)
                 if progress is not None and data:
                     progress.update(len(data))
                 if text:
