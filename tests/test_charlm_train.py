@@ -137,6 +137,21 @@ def test_resume_errors(text_file, tmp_path):
         train_charlm([text_file], tmp_path / "x", optimizer="lamb", **TINY)
 
 
+def test_a_model_from_another_save_is_not_resumed(text_file, tmp_path):
+    """lm.pt and training_state.pt are renamed one after the other: a run stopped
+    between the two renames leaves a model and a state of different saves, which must
+    not be resumed together (newer weights with an older optimizer and position)."""
+    train_charlm([text_file], tmp_path / "run", max_steps=3, **TINY)
+    train_charlm([text_file], tmp_path / "later", max_steps=5, **TINY)
+    shutil.copy(tmp_path / "later" / MODEL_FILE, tmp_path / "run" / MODEL_FILE)
+    with pytest.raises(ValueError, match="is not the model that .* was saved with") as info:
+        train_charlm([text_file], tmp_path / "run", max_steps=6, resume=True, **TINY)
+    assert str(tmp_path / "run" / STATE_FILE) in str(info.value)
+    # The matching pair resumes.
+    result = train_charlm([text_file], tmp_path / "later", max_steps=6, resume=True, **TINY)
+    assert result.step == 6
+
+
 def test_changed_text_is_reencoded_and_refuses_to_resume(text_file, tmp_path):
     text = tmp_path / "t.txt"
     shutil.copy(text_file, text)

@@ -17,6 +17,7 @@ share of the streams. The loader state and the hidden states are saved for all
 streams, so a checkpoint resumes on any number of workers that divides the number
 of streams.
 """
+import hashlib
 import json
 import math
 import os
@@ -340,6 +341,13 @@ class _Trainer:
             )
             if not isinstance(state, dict) or state.get("version") != TRAIN_STATE_VERSION:
                 raise ValueError(f"Unsupported training state version in {state_path}.")
+            expected = state.get("model_sha256")
+            if expected is not None and _sha256(output_dir / MODEL_FILE) != expected:
+                raise ValueError(
+                    f"Cannot resume: {output_dir / MODEL_FILE} is not the model that "
+                    f"{state_path} was saved with (the run was stopped while it saved the "
+                    "two). Train again without --resume."
+                )
             model = CharLM.load(output_dir / MODEL_FILE, map_location="cpu")
             if model.is_forward_lm != model_kwargs["is_forward_lm"]:
                 have = "forward" if model.is_forward_lm else "backward"
@@ -579,6 +587,9 @@ class _Trainer:
             model_tmp = self.output_dir / (MODEL_FILE + ".tmp")
             state_tmp = self.output_dir / (STATE_FILE + ".tmp")
             self.model.save(model_tmp)
+            # The two files are renamed one after the other: the state names the model it
+            # belongs with, so a run stopped between the renames is not resumed from both.
+            state["model_sha256"] = _sha256(model_tmp)
             torch.save(state, state_tmp)
             if best:
                 best_tmp = self.output_dir / (BEST_MODEL_FILE + ".tmp")
@@ -587,6 +598,14 @@ class _Trainer:
             os.replace(model_tmp, self.output_dir / MODEL_FILE)
             os.replace(state_tmp, self.output_dir / STATE_FILE)
         self.dist.barrier()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as file_:
+        for block in iter(lambda: file_.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _shared_dictionary(
