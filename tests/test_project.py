@@ -244,6 +244,30 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
+def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
+    """The files of --vars.dataset are no deps of the `corpus` step (deps cannot name a
+    folder that "generated" does not have): it runs every time, writing the same bytes
+    for the same data, so the steps after it skip unless the data changed."""
+    project = _copy_project(tmp_path / "project")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.iob", "dev.iob", "test.iob"):
+        (data / name).write_text(CONLL, encoding="utf8")
+    command = ["-m", "spacy", "project", "run", "corpus", str(project), "--vars.dataset", str(data)]
+    train = project / "corpus" / "train.spacy"
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    first = train.read_bytes()
+    assert len(list(DocBin().from_disk(train).get_docs(Vocab()))) == 2
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert train.read_bytes() == first
+    (data / "train.iob").write_text(CONLL + "\n" + CONLL, encoding="utf8")
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert len(list(DocBin().from_disk(train).get_docs(Vocab()))) == 4
+
+
 def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = _invoke("make_corpus", ["wnut17", "corpus"])
@@ -370,10 +394,12 @@ def _check_all_workflow(tmp_path, tiny_vars):
     summary = json.loads((metrics / "ner_trf_summary.json").read_text())
     assert summary["agree"] is True
     assert "ents_f" in summary["scores"]
-    # Nothing changed: a second run skips every step.
+    # Nothing changed: a second run skips every step but `corpus`, which always runs
+    # (no_skip) and writes the same files again.
     code, out = _run(command, cwd=tmp_path)
     assert code == 0, out[-4000:]
-    assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])
+    assert out.count("nothing changed") == len(PROJECT["workflows"]["all"]) - 1
+    assert "Skipping 'corpus'" not in out
     # Other settings: the shards are written again, none left from before.
     reshard = ["-m", "spacy", "project", "run", "shard", str(project), *overrides,
                "--vars.docs_per_shard", "20"]
