@@ -158,12 +158,48 @@ def _convert(source: Path, output: Path, n_sents: int) -> None:
         if source.resolve() != output.resolve():
             shutil.copyfile(source, output)
         return
-    text = source.read_text(encoding="utf8")
+    try:
+        # utf-8-sig: a byte order mark (Windows editors) is not part of the first line.
+        text = source.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        msg.fail(f"{source} is not UTF-8 text: {err}", exits=1)
     # CoNLL-2003 files write the boundary with 4 columns ("-DOCSTART- -X- -X- O");
     # spaCy's converter only knows its own spelling of it.
     lines = [DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln for ln in text.split("\n")]
-    docs = conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True)
+    _check_columns(source, lines)
+    try:
+        docs = list(conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True))
+    except ValueError as err:
+        msg.fail(f"Could not convert {source}: {err}", exits=1)
+    if not docs:
+        msg.fail(f"No documents in {source}", exits=1)
     DocBin(docs=docs, store_user_data=True).to_disk(output)
+
+
+def _check_columns(source: Path, lines: List[str]) -> None:
+    """Fail naming the line where spaCy's converter would fail without saying where:
+    a token line needs a word and a tag, and the lines of a sentence the same columns
+    (the converter zips them, so a short line would silently drop the tag column)."""
+    first = None
+    for i, line in enumerate(lines, start=1):
+        n_cols = len(line.split())
+        if n_cols == 0 or line == DOC_DELIMITER:
+            first = None
+            continue
+        if n_cols < 2:
+            msg.fail(
+                f"{source}, line {i}: a token line needs the word and its tag, "
+                f"separated by whitespace (a word that is whitespace cannot be read): {line!r}",
+                exits=1,
+            )
+        if first is None:
+            first = (i, n_cols)
+        elif n_cols != first[1]:
+            msg.fail(
+                f"{source}, line {i}: {n_cols} columns, but line {first[0]} of the same "
+                f"sentence has {first[1]}: {line!r}",
+                exits=1,
+            )
 
 
 def _stats(path: Path) -> Dict[str, object]:

@@ -244,6 +244,34 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
+def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    # A byte order mark (Windows editors) is no part of the first -DOCSTART- line.
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text("\ufeff" + CONLL, encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    docs = list(DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab()))
+    assert [t.text for t in docs[0]][:2] == ["Ada", "Lindqvist"]
+    bad = {
+        "a token without a tag": "Ada B-PER\nleft\n. O\n",
+        "a whitespace token": "Ada B-PER\n\u00a0 O\n",
+        "ragged columns": "Ada NNP B-NP B-PER\nleft O\n",
+    }
+    for problem, text in bad.items():
+        (data / "test.txt").write_text(text, encoding="utf8")
+        code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+        assert code == 1, problem
+        assert "test.txt" in out and "line 2" in out, (problem, out)
+    (data / "test.txt").write_bytes("Zo\u00eb B-PER\n".encode("latin-1"))
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "test.txt" in out and "UTF-8" in out, out
+    (data / "test.txt").write_text("-DOCSTART- -X- -X- O\n\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "No documents in" in out and "test.txt" in out, out
+
+
 def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
     """The files of --vars.dataset are no deps of the `corpus` step (deps cannot name a
     folder that "generated" does not have): it runs every time, writing the same bytes
