@@ -155,6 +155,12 @@ def _check_asset(path: str) -> None:
 
 def _convert(source: Path, output: Path, n_sents: int) -> None:
     if source.suffix == ".spacy":
+        try:
+            n_docs = len(DocBin().from_disk(source))
+        except Exception as err:
+            msg.fail(f"{source} is not a .spacy file (spaCy DocBin): {err!r}", exits=1)
+        if not n_docs:
+            msg.fail(f"No documents in {source}", exits=1)
         if source.resolve() != output.resolve():
             shutil.copyfile(source, output)
         return

@@ -270,6 +270,13 @@ def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
     (data / "test.txt").write_text("-DOCSTART- -X- -X- O\n\n", encoding="utf8")
     code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
     assert code == 1 and "No documents in" in out and "test.txt" in out, out
+    (data / "test.txt").unlink()
+    DocBin().to_disk(data / "test.spacy")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "No documents in" in out and "test.spacy" in out, out
+    (data / "test.spacy").write_text("not a DocBin", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "is not a .spacy file" in out, out
 
 
 def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
