@@ -435,6 +435,13 @@ def _check_all_workflow(tmp_path, tiny_vars):
     assert code == 0, out[-4000:]
     assert out.count("nothing changed") == len(PROJECT["workflows"]["all"]) - 1
     assert "Skipping 'corpus'" not in out
+    # The transformer made under assets/ is an output: deleted, it is made again.
+    shutil.rmtree(project / "assets" / "tiny_bert")
+    remake = ["-m", "spacy", "project", "run", "transformer", str(project), *overrides]
+    code, out = _run(remake, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert "nothing changed" not in out
+    assert (project / "assets" / "tiny_bert" / "config.json").exists()
     # Other settings: the shards are written again, none left from before.
     reshard = ["-m", "spacy", "project", "run", "shard", str(project), *overrides,
                "--vars.docs_per_shard", "20"]
