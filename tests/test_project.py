@@ -120,6 +120,19 @@ def test_every_var_used_is_defined_and_every_var_defined_is_used():
     assert defined - used == set()
 
 
+def test_benchmark_commands_depend_on_the_helpers_their_scripts_import():
+    """A change to benchmarks/_procmem.py (how memory is measured) reruns every benchmark
+    that imports it."""
+    helpers = {p.stem for p in (ROOT / "benchmarks").glob("_*.py")}
+    for name, cmd in COMMANDS.items():
+        scripts = [d for d in cmd["deps"] if re.fullmatch(r"benchmarks/[a-z_]+\.py", d)]
+        for script in scripts:
+            text = (ROOT / script).read_text(encoding="utf8")
+            imported = set(re.findall(r"^from (_[a-z_]+) import", text, flags=re.M))
+            for helper in imported & helpers:
+                assert f"benchmarks/{helper}.py" in cmd["deps"], (name, helper)
+
+
 def test_workflows_name_commands():
     assert "all" in PROJECT["workflows"]
     assert PROJECT["workflows"]["all"] == ["corpus", "transformer", "shard", "train", "evaluate"]
