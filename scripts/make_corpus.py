@@ -121,7 +121,8 @@ def _find_sources(dataset: str) -> Dict[str, Path]:
         msg.fail(
             f"Unknown dataset '{dataset}'",
             "Use 'generated', 'conll2003', 'wnut17' or a directory with train/dev/test "
-            ".spacy (or CoNLL/IOB) files.",
+            f".spacy (or CoNLL/IOB) files; a relative path is read from {Path.cwd()} "
+            "(the project directory, under `spacy project run`).",
             exits=1,
         )
     sources = {}

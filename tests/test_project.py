@@ -324,6 +324,7 @@ def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
     assert "spacy project assets --extra" in out
     code, out = _invoke("make_corpus", ["no_such_dir", "corpus"])
     assert code == 1 and "Unknown dataset 'no_such_dir'" in out
+    assert str(tmp_path) in out.replace("\n", "")  # where a relative folder was looked for
 
 
 def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer, monkeypatch):
