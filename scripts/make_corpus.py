@@ -171,8 +171,12 @@ def _convert(source: Path, output: Path, n_sents: int) -> None:
     except UnicodeDecodeError as err:
         msg.fail(f"{source} is not UTF-8 text: {err}", exits=1)
     # CoNLL-2003 files write the boundary with 4 columns ("-DOCSTART- -X- -X- O");
-    # spaCy's converter only knows its own spelling of it.
-    lines = [DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln for ln in text.split("\n")]
+    # spaCy's converter only knows its own spelling of it. It also ends sentences at
+    # empty lines only: a blank line holding spaces or tabs is made empty.
+    lines = [
+        DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln if ln.strip() else ""
+        for ln in text.split("\n")
+    ]
     _check_columns(source, lines)
     try:
         docs = list(conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True))

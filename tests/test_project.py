@@ -267,6 +267,13 @@ def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
     assert code == 0, out
     docs = list(DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab()))
     assert [t.text for t in docs[0]][:2] == ["Ada", "Lindqvist"]
+    # Blank lines holding spaces or tabs (some exporters write them) still end sentences:
+    # spaCy's converter splits on "\n\n" only, and made one sentence of the whole file.
+    (data / "train.txt").write_text(CONLL.replace("\n\n", "\n \t\n"), encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    spaced = list(DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab()))
+    assert [[s.text for s in d.sents] for d in spaced] == [[s.text for s in d.sents] for d in docs]
     bad = {
         "a token without a tag": "Ada B-PER\nleft\n. O\n",
         "a whitespace token": "Ada B-PER\n\u00a0 O\n",
