@@ -380,6 +380,16 @@ def test_compare_metrics(tmp_path, monkeypatch):
     srsly.write_json(tmp_path / "b.json", b)
     code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
     assert code == 1 and "ents_per_type.ORG.p" in out
+    # A score that one evaluation leaves out (None) and the other gives is a disagreement;
+    # None on both sides is not compared.
+    a.update(ents_per_type={"ORG": {"p": 1.0}}, token_acc=None, ents_r=None)
+    b.update(ents_per_type={"ORG": {"p": 1.0}}, token_acc=None, ents_r=0.0)
+    srsly.write_json(tmp_path / "a.json", a)
+    srsly.write_json(tmp_path / "b.json", b)
+    code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
+    assert code == 1 and "ents_r" in out, out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["agree"] is False and summary["compared"] == 3
 
 
 
