@@ -178,19 +178,21 @@ def _convert(source: Path, output: Path, n_sents: int) -> None:
         for ln in text.split("\n")
     ]
     _check_columns(source, lines)
+    doc_bin = DocBin(store_user_data=True)
     try:
-        docs = list(conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True))
+        for doc in conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True):
+            doc_bin.add(doc)
     except ValueError as err:
         msg.fail(f"Could not convert {source}: {err}", exits=1)
-    if not docs:
+    if not len(doc_bin):
         msg.fail(f"No documents in {source}", exits=1)
-    DocBin(docs=docs, store_user_data=True).to_disk(output)
+    doc_bin.to_disk(output)
 
 
 def _check_columns(source: Path, lines: List[str]) -> None:
     """Fail naming the line where spaCy's converter would fail without saying where:
     a token line needs a word and a tag, and the lines of a sentence the same columns
-    (the converter zips them, so a short line would silently drop the tag column)."""
+    (the converter zips them: past a shorter line it reads another column as the tags)."""
     first = None
     for i, line in enumerate(lines, start=1):
         n_cols = len(line.split())
