@@ -257,6 +257,33 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
+# WNUT-17's files (assets/wnut17/*, e.g. the first lines of wnut17train.conll): word<TAB>tag,
+# sentences separated by lines holding a tab, no -DOCSTART- lines.
+WNUT = (
+    "@paulwalk\tO\nIt\tO\n's\tO\nthe\tO\nview\tO\n.\tO\nEmpire\tB-location\n"
+    "State\tI-location\nBuilding\tI-location\n.\tO\n\t\nFrom\tO\nGreen\tO\nNewsfeed\tO\n"
+    ":\tO\nAHFA\tB-group\nextends\tO\n\t\nPxleyes\tB-corporation\nTop\tO\n50\tO\n\t\n"
+    "today\tO\nis\tO\nmy\tO\nlast\tO\nday\tO\n.\tO\n\t\n"
+)
+
+
+def test_make_corpus_converts_wnut17_sentences(tmp_path):
+    """The tab-only lines end sentences, and --n-sents groups them into documents (spaCy's
+    converter splits on empty lines only: each file became one sentence, one document)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.conll", "dev.conll", "test.annotated"):
+        (data / name).write_text(WNUT, encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus", "--n-sents", "2"])
+    assert code == 0, out
+    docs = list(DocBin().from_disk(tmp_path / "corpus" / "test.spacy").get_docs(Vocab()))
+    assert [len(list(d.sents)) for d in docs] == [2, 2]
+    assert [s.text for s in docs[1].sents] == ["Pxleyes Top 50", "today is my last day ."]
+    assert [(e.text, e.label_) for e in docs[0].ents] == [
+        ("Empire State Building", "location"), ("AHFA", "group")
+    ]
+
+
 def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
