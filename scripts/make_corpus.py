@@ -121,7 +121,8 @@ def _find_sources(dataset: str) -> Dict[str, Path]:
         msg.fail(
             f"Unknown dataset '{dataset}'",
             "Use 'generated', 'conll2003', 'wnut17' or a directory with train/dev/test "
-            ".spacy (or CoNLL/IOB) files.",
+            f".spacy (or CoNLL/IOB) files; a relative path is read from {Path.cwd()} "
+            "(the project directory, under `spacy project run`).",
             exits=1,
         )
     sources = {}
@@ -155,15 +156,63 @@ def _check_asset(path: str) -> None:
 
 def _convert(source: Path, output: Path, n_sents: int) -> None:
     if source.suffix == ".spacy":
+        try:
+            n_docs = len(DocBin().from_disk(source))
+        except Exception as err:
+            msg.fail(f"{source} is not a .spacy file (spaCy DocBin): {err!r}", exits=1)
+        if not n_docs:
+            msg.fail(f"No documents in {source}", exits=1)
         if source.resolve() != output.resolve():
             shutil.copyfile(source, output)
         return
-    text = source.read_text(encoding="utf8")
+    try:
+        # utf-8-sig: a byte order mark (Windows editors) is not part of the first line.
+        text = source.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        msg.fail(f"{source} is not UTF-8 text: {err}", exits=1)
     # CoNLL-2003 files write the boundary with 4 columns ("-DOCSTART- -X- -X- O");
-    # spaCy's converter only knows its own spelling of it.
-    lines = [DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln for ln in text.split("\n")]
-    docs = conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True)
-    DocBin(docs=docs, store_user_data=True).to_disk(output)
+    # spaCy's converter only knows its own spelling of it. It also ends sentences at
+    # empty lines only: a blank line holding spaces or tabs is made empty.
+    lines = [
+        DOC_DELIMITER if ln.startswith("-DOCSTART-") else ln if ln.strip() else ""
+        for ln in text.split("\n")
+    ]
+    _check_columns(source, lines)
+    doc_bin = DocBin(store_user_data=True)
+    try:
+        for doc in conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True):
+            doc_bin.add(doc)
+    except ValueError as err:
+        msg.fail(f"Could not convert {source}: {err}", exits=1)
+    if not len(doc_bin):
+        msg.fail(f"No documents in {source}", exits=1)
+    doc_bin.to_disk(output)
+
+
+def _check_columns(source: Path, lines: List[str]) -> None:
+    """Fail naming the line where spaCy's converter would fail without saying where:
+    a token line needs a word and a tag, and the lines of a sentence the same columns
+    (the converter zips them: past a shorter line it reads another column as the tags)."""
+    first = None
+    for i, line in enumerate(lines, start=1):
+        n_cols = len(line.split())
+        if n_cols == 0 or line == DOC_DELIMITER:
+            first = None
+            continue
+        if n_cols < 2:
+            msg.fail(
+                f"{source}, line {i}: a token line needs the word and its tag, "
+                f"separated by whitespace (a word that is whitespace cannot be read): {line!r}",
+                exits=1,
+            )
+        if first is None:
+            first = (i, n_cols)
+        elif n_cols != first[1]:
+            msg.fail(
+                f"{source}, line {i}: {n_cols} columns, but line {first[0]} of the same "
+                f"sentence has {first[1]}: {line!r}",
+                exits=1,
+            )
 
 
 def _stats(path: Path) -> Dict[str, object]:

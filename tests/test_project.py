@@ -120,6 +120,19 @@ def test_every_var_used_is_defined_and_every_var_defined_is_used():
     assert defined - used == set()
 
 
+def test_benchmark_commands_depend_on_the_helpers_their_scripts_import():
+    """A change to benchmarks/_procmem.py (how memory is measured) reruns every benchmark
+    that imports it."""
+    helpers = {p.stem for p in (ROOT / "benchmarks").glob("_*.py")}
+    for name, cmd in COMMANDS.items():
+        scripts = [d for d in cmd["deps"] if re.fullmatch(r"benchmarks/[a-z_]+\.py", d)]
+        for script in scripts:
+            text = (ROOT / script).read_text(encoding="utf8")
+            imported = set(re.findall(r"^from (_[a-z_]+) import", text, flags=re.M))
+            for helper in imported & helpers:
+                assert f"benchmarks/{helper}.py" in cmd["deps"], (name, helper)
+
+
 def test_workflows_name_commands():
     assert "all" in PROJECT["workflows"]
     assert PROJECT["workflows"]["all"] == ["corpus", "transformer", "shard", "train", "evaluate"]
@@ -244,6 +257,99 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
+# WNUT-17's files (assets/wnut17/*, e.g. the first lines of wnut17train.conll): word<TAB>tag,
+# sentences separated by lines holding a tab, no -DOCSTART- lines.
+WNUT = (
+    "@paulwalk\tO\nIt\tO\n's\tO\nthe\tO\nview\tO\n.\tO\nEmpire\tB-location\n"
+    "State\tI-location\nBuilding\tI-location\n.\tO\n\t\nFrom\tO\nGreen\tO\nNewsfeed\tO\n"
+    ":\tO\nAHFA\tB-group\nextends\tO\n\t\nPxleyes\tB-corporation\nTop\tO\n50\tO\n\t\n"
+    "today\tO\nis\tO\nmy\tO\nlast\tO\nday\tO\n.\tO\n\t\n"
+)
+
+
+def test_make_corpus_converts_wnut17_sentences(tmp_path):
+    """The tab-only lines end sentences, and --n-sents groups them into documents (spaCy's
+    converter splits on empty lines only: each file became one sentence, one document)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.conll", "dev.conll", "test.annotated"):
+        (data / name).write_text(WNUT, encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus", "--n-sents", "2"])
+    assert code == 0, out
+    docs = list(DocBin().from_disk(tmp_path / "corpus" / "test.spacy").get_docs(Vocab()))
+    assert [len(list(d.sents)) for d in docs] == [2, 2]
+    assert [s.text for s in docs[1].sents] == ["Pxleyes Top 50", "today is my last day ."]
+    assert [(e.text, e.label_) for e in docs[0].ents] == [
+        ("Empire State Building", "location"), ("AHFA", "group")
+    ]
+
+
+def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    # A byte order mark (Windows editors) is no part of the first -DOCSTART- line.
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text("\ufeff" + CONLL, encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    docs = list(DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab()))
+    assert [t.text for t in docs[0]][:2] == ["Ada", "Lindqvist"]
+    # Blank lines holding spaces or tabs (some exporters write them) still end sentences:
+    # spaCy's converter splits on "\n\n" only, and made one sentence of the whole file.
+    (data / "train.txt").write_text(CONLL.replace("\n\n", "\n \t\n"), encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    spaced = list(DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab()))
+    assert [[s.text for s in d.sents] for d in spaced] == [[s.text for s in d.sents] for d in docs]
+    bad = {
+        "a token without a tag": "Ada B-PER\nleft\n. O\n",
+        "a whitespace token": "Ada B-PER\n\u00a0 O\n",
+        "ragged columns": "Ada NNP B-NP B-PER\nleft O\n",
+    }
+    for problem, text in bad.items():
+        (data / "test.txt").write_text(text, encoding="utf8")
+        code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+        assert code == 1, problem
+        assert "test.txt" in out and "line 2" in out, (problem, out)
+    (data / "test.txt").write_bytes("Zo\u00eb B-PER\n".encode("latin-1"))
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "test.txt" in out and "UTF-8" in out, out
+    (data / "test.txt").write_text("-DOCSTART- -X- -X- O\n\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "No documents in" in out and "test.txt" in out, out
+    (data / "test.txt").unlink()
+    DocBin().to_disk(data / "test.spacy")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "No documents in" in out and "test.spacy" in out, out
+    (data / "test.spacy").write_text("not a DocBin", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "is not a .spacy file" in out, out
+
+
+def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
+    """The files of --vars.dataset are no deps of the `corpus` step (deps cannot name a
+    folder that "generated" does not have): it runs every time, writing the same bytes
+    for the same data, so the steps after it skip unless the data changed."""
+    project = _copy_project(tmp_path / "project")
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.iob", "dev.iob", "test.iob"):
+        (data / name).write_text(CONLL, encoding="utf8")
+    command = ["-m", "spacy", "project", "run", "corpus", str(project), "--vars.dataset", str(data)]
+    train = project / "corpus" / "train.spacy"
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    first = train.read_bytes()
+    assert len(list(DocBin().from_disk(train).get_docs(Vocab()))) == 2
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert train.read_bytes() == first
+    (data / "train.iob").write_text(CONLL + "\n" + CONLL, encoding="utf8")
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert len(list(DocBin().from_disk(train).get_docs(Vocab()))) == 4
+
+
 def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = _invoke("make_corpus", ["wnut17", "corpus"])
@@ -252,6 +358,7 @@ def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
     assert "spacy project assets --extra" in out
     code, out = _invoke("make_corpus", ["no_such_dir", "corpus"])
     assert code == 1 and "Unknown dataset 'no_such_dir'" in out
+    assert str(tmp_path) in out.replace("\n", "")  # where a relative folder was looked for
 
 
 def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer, monkeypatch):
@@ -300,6 +407,16 @@ def test_compare_metrics(tmp_path, monkeypatch):
     srsly.write_json(tmp_path / "b.json", b)
     code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
     assert code == 1 and "ents_per_type.ORG.p" in out
+    # A score that one evaluation leaves out (None) and the other gives is a disagreement;
+    # None on both sides is not compared.
+    a.update(ents_per_type={"ORG": {"p": 1.0}}, token_acc=None, ents_r=None)
+    b.update(ents_per_type={"ORG": {"p": 1.0}}, token_acc=None, ents_r=0.0)
+    srsly.write_json(tmp_path / "a.json", a)
+    srsly.write_json(tmp_path / "b.json", b)
+    code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
+    assert code == 1 and "ents_r" in out, out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["agree"] is False and summary["compared"] == 3
 
 
 
@@ -370,10 +487,19 @@ def _check_all_workflow(tmp_path, tiny_vars):
     summary = json.loads((metrics / "ner_trf_summary.json").read_text())
     assert summary["agree"] is True
     assert "ents_f" in summary["scores"]
-    # Nothing changed: a second run skips every step.
+    # Nothing changed: a second run skips every step but `corpus`, which always runs
+    # (no_skip) and writes the same files again.
     code, out = _run(command, cwd=tmp_path)
     assert code == 0, out[-4000:]
-    assert out.count("nothing changed") == len(PROJECT["workflows"]["all"])
+    assert out.count("nothing changed") == len(PROJECT["workflows"]["all"]) - 1
+    assert "Skipping 'corpus'" not in out
+    # The transformer made under assets/ is an output: deleted, it is made again.
+    shutil.rmtree(project / "assets" / "tiny_bert")
+    remake = ["-m", "spacy", "project", "run", "transformer", str(project), *overrides]
+    code, out = _run(remake, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    assert "nothing changed" not in out
+    assert (project / "assets" / "tiny_bert" / "config.json").exists()
     # Other settings: the shards are written again, none left from before.
     reshard = ["-m", "spacy", "project", "run", "shard", str(project), *overrides,
                "--vars.docs_per_shard", "20"]
