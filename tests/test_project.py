@@ -257,13 +257,13 @@ def test_make_corpus_converts_conll_folder(tmp_path):
     assert [(e.text, e.label_) for e in docs[1].ents] == [("Quillon Labs", "ORG")]
 
 
-# WNUT-17's files (assets/wnut17/*, e.g. the first lines of wnut17train.conll): word<TAB>tag,
-# sentences separated by lines holding a tab, no -DOCSTART- lines.
+# Shaped like WNUT-17's files (assets/wnut17/*): word<TAB>tag, sentences separated by lines
+# holding a tab, no -DOCSTART- lines. The text is made up for this test.
 WNUT = (
-    "@paulwalk\tO\nIt\tO\n's\tO\nthe\tO\nview\tO\n.\tO\nEmpire\tB-location\n"
-    "State\tI-location\nBuilding\tI-location\n.\tO\n\t\nFrom\tO\nGreen\tO\nNewsfeed\tO\n"
-    ":\tO\nAHFA\tB-group\nextends\tO\n\t\nPxleyes\tB-corporation\nTop\tO\n50\tO\n\t\n"
-    "today\tO\nis\tO\nmy\tO\nlast\tO\nday\tO\n.\tO\n\t\n"
+    "@tovadrift\tO\nthat\tO\n's\tO\nthe\tO\nbridge\tO\n.\tO\nHalvern\tB-location\n"
+    "Tide\tI-location\nTower\tI-location\n.\tO\n\t\nVia\tO\nthe\tO\nwire\tO\n"
+    ":\tO\nQORV\tB-group\nexpands\tO\n\t\nBrindlewick\tB-corporation\nTop\tO\n20\tO\n\t\n"
+    "tonight\tO\nis\tO\nmy\tO\nfirst\tO\nshow\tO\n.\tO\n\t\n"
 )
 
 
@@ -278,9 +278,9 @@ def test_make_corpus_converts_wnut17_sentences(tmp_path):
     assert code == 0, out
     docs = list(DocBin().from_disk(tmp_path / "corpus" / "test.spacy").get_docs(Vocab()))
     assert [len(list(d.sents)) for d in docs] == [2, 2]
-    assert [s.text for s in docs[1].sents] == ["Pxleyes Top 50", "today is my last day ."]
+    assert [s.text for s in docs[1].sents] == ["Brindlewick Top 20", "tonight is my first show ."]
     assert [(e.text, e.label_) for e in docs[0].ents] == [
-        ("Empire State Building", "location"), ("AHFA", "group")
+        ("Halvern Tide Tower", "location"), ("QORV", "group")
     ]
 
 
