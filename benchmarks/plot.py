@@ -407,8 +407,30 @@ def plot_eval_heap_trim(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
+    """Per data shape: each command's peak RSS at 1x and 4x, and lean/stock wall time."""
+    summary = data["summary"]
+    shapes = list(summary)
+    if not shapes:
+        raise SchemaError("summary has no shapes")
+    arms = [a for a in summary[shapes[0]]["1x"] if isinstance(summary[shapes[0]]["1x"][a], dict)]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    peaks = {
+        f"{arm}, {f}": [summary[s][f][arm]["peak_rss_after_load_mb"] for s in shapes]
+        for arm in arms for f in ("1x", "4x")
+    }
+    _bars(axes[0], shapes, peaks, "MB", "Peak RSS after the model loaded, 1x and 4x the dev set",
+          fmt="{:.0f}")
+    ratios = {f: [summary[s][f]["wall_ratio_lean_vs_stock"] for s in shapes] for f in ("1x", "4x")}
+    _bars(axes[1], shapes, ratios, "lean / stock", "Wall time, spacy lean evaluate / spacy evaluate",
+          fmt="{:.2f}")
+    axes[1].axhline(1.0, color="grey", linewidth=0.8)
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "eval_heap_trim": plot_eval_heap_trim,
+    "eval_shapes": plot_eval_shapes,
     "eval_memory": plot_eval_memory,
     "cleaner_memory": plot_cleaner_memory,
     "padding": plot_padding,
