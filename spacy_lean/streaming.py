@@ -539,43 +539,17 @@ def install_streaming_evaluate(
     # A partial of a module-level function, not a method bound to a local function, so
     # the pipeline still pickles (`nlp.pipe(n_process=2)` where processes are spawned).
     method = functools.partial(
-        _streaming_evaluate, nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+        evaluate, nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
     )
     method.__doc__ = evaluate.__doc__
     nlp.evaluate = method  # type: ignore[method-assign]
     return nlp
 
 
-def _streaming_evaluate(
-    self: Language,
-    examples: Iterable[Example],
-    *,
-    batch_size: Optional[int] = None,
-    scorer: Optional[Scorer] = None,
-    component_cfg: Optional[Dict[str, Dict[str, Any]]] = None,
-    scorer_cfg: Optional[Dict[str, Any]] = None,
-    per_component: bool = False,
-    window_size: Optional[int] = None,
-    max_batch_tokens: Optional[int] = None,
-) -> Dict[str, Any]:
-    """`nlp.evaluate` of a pipeline made streaming by `install_streaming_evaluate`."""
-    return evaluate(
-        self,
-        examples,
-        batch_size=batch_size,
-        scorer=scorer,
-        component_cfg=component_cfg,
-        scorer_cfg=scorer_cfg,
-        per_component=per_component,
-        window_size=window_size,
-        max_batch_tokens=max_batch_tokens,
-    )
-
-
 def is_streaming(nlp: Language) -> bool:
     """Whether `nlp.evaluate` was made streaming by `install_streaming_evaluate`."""
     method = nlp.__dict__.get("evaluate")
-    return isinstance(method, functools.partial) and method.func is _streaming_evaluate
+    return isinstance(method, functools.partial) and method.func is evaluate
 
 
 @registry.callbacks(CALLBACK_NAME)
