@@ -352,8 +352,12 @@ class LeanCleaner:
             yield doc
 
     def initialize(self, get_examples=None, *, nlp: Optional[Language] = None) -> None:
-        """Check the placement when the pipeline is initialized (`nlp.initialize`)."""
-        if nlp is not None and self._nlp is None:
+        """Check the placement when the pipeline is initialized (`nlp.initialize`).
+
+        nlp (Optional[Language]): the pipeline being initialized; it becomes the one
+            the cleaner checks (a sourced cleaner was made for its source pipeline).
+        """
+        if nlp is not None:
             self._nlp = nlp
         self._checked = None
         self.check_placement()

@@ -191,6 +191,24 @@ def test_tok2vec_listener_reads_doc_tensor():
     assert [c.component for c in consumers] == ["tagger"]
 
 
+def test_sourced_cleaner_checks_the_pipeline_it_is_initialized_in():
+    # Sourcing shares the component object, whose `nlp` is the source pipeline;
+    # `nlp.initialize()` hands it the pipeline it now runs in.
+    source = spacy.blank("en")
+    source.add_pipe("lean_cleaner")
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("lean_cleaner", source=source)
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    doc = nlp.make_doc("A short example")
+    example = Example.from_dict(doc, {"tags": ["X", "Y", "Z"]})
+    with pytest.raises(ValueError, match="'tagger' runs after it and reads doc.tensor"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeanCleanerWarning)
+            nlp.initialize(lambda: [example])
+
+
 def test_compact_vectors_equal_wordpiece_means(trf_ner_nlp, texts):
     # Keep trf_data (trf_data=false) so the same docs carry both, then compare.
     trf_ner_nlp.add_pipe(
