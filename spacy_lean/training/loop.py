@@ -534,9 +534,9 @@ def train(
                 "words": words_seen,
             }
             if is_best is not None:
+                with nlp.select_pipes(disable=frozen):
+                    update_meta(T, nlp, info)
                 if ctx.is_main and output_path is not None:
-                    with nlp.select_pipes(disable=frozen):
-                        update_meta(T, nlp, info)
                     save_model(is_best)
                     info["output_path"] = str(output_path / DIR_MODEL_LAST)
                 checkpoint(seconds)
