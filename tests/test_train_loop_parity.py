@@ -36,3 +36,12 @@ def test_meta_performance_is_set_without_an_output_path(config):
     assert path is None
     assert set(nlp.meta["performance"]) >= {"ents_f", "ents_p", "ents_r", "ner_loss"}
 
+
+def test_gpu_allocator_is_set_on_a_gpu(config, monkeypatch):
+    # spaCy's loop sets [training] gpu_allocator itself (a resumed run skips init_nlp).
+    nlp = init_nlp(Config(config))
+    nlp.config["training"]["gpu_allocator"] = "pytorch"
+    seen = []
+    monkeypatch.setattr(lean_loop, "set_gpu_allocator", seen.append)
+    lean_loop.train(nlp, None, ctx=DistContext(gpu_id=0), stdout=io.StringIO(), stderr=io.StringIO())
+    assert seen == ["pytorch"]
