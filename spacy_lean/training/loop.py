@@ -29,7 +29,7 @@ from spacy.training.loop import (
     update_meta,
 )
 from spacy.util import registry, resolve_dot_names
-from thinc.api import constant, fix_random_seed
+from thinc.api import constant, fix_random_seed, set_gpu_allocator
 from wasabi import Printer
 
 from .dist import (
@@ -337,6 +337,9 @@ def train(
     config = nlp.config.interpolate()
     if config["training"]["seed"] is not None:
         fix_random_seed(config["training"]["seed"])
+    allocator = config["training"]["gpu_allocator"]
+    if ctx.gpu_id >= 0 and allocator:  # as spaCy's loop (a resumed run skips init_nlp)
+        set_gpu_allocator(allocator)
     T = registry.resolve(config["training"], schema=ConfigSchemaTraining)  # type: ignore[arg-type]
     train_corpus, dev_corpus = resolve_dot_names(config, [T["train_corpus"], T["dev_corpus"]])
     optimizer = T["optimizer"]
@@ -534,9 +537,9 @@ def train(
                 "words": words_seen,
             }
             if is_best is not None:
+                with nlp.select_pipes(disable=frozen):
+                    update_meta(T, nlp, info)
                 if ctx.is_main and output_path is not None:
-                    with nlp.select_pipes(disable=frozen):
-                        update_meta(T, nlp, info)
                     save_model(is_best)
                     info["output_path"] = str(output_path / DIR_MODEL_LAST)
                 checkpoint(seconds)
