@@ -175,10 +175,9 @@ def test_user_named_consumers(trf_ner_nlp):
         trf_ner_nlp("Ada Lindqvist visited Veldmark .")
 
 
-def test_tok2vec_listener_reads_doc_tensor():
-    nlp = spacy.blank("en")
-    nlp.add_pipe("tok2vec")
-    nlp.add_pipe("lean_cleaner")
+def _initialize_with_a_listening_tagger_after_the_cleaner(nlp):
+    """Add a tagger listening to the tok2vec (after the cleaner) and initialize: the
+    cleaner must refuse the placement."""
     listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
     nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
     doc = nlp.make_doc("A short example")
@@ -187,6 +186,13 @@ def test_tok2vec_listener_reads_doc_tensor():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeanCleanerWarning)
             nlp.initialize(lambda: [example])
+
+
+def test_tok2vec_listener_reads_doc_tensor():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("lean_cleaner")
+    _initialize_with_a_listening_tagger_after_the_cleaner(nlp)
     consumers = find_consumers(nlp, ["doc.tensor"])
     assert [c.component for c in consumers] == ["tagger"]
 
@@ -199,14 +205,7 @@ def test_sourced_cleaner_checks_the_pipeline_it_is_initialized_in():
     nlp = spacy.blank("en")
     nlp.add_pipe("tok2vec")
     nlp.add_pipe("lean_cleaner", source=source)
-    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
-    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
-    doc = nlp.make_doc("A short example")
-    example = Example.from_dict(doc, {"tags": ["X", "Y", "Z"]})
-    with pytest.raises(ValueError, match="'tagger' runs after it and reads doc.tensor"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", LeanCleanerWarning)
-            nlp.initialize(lambda: [example])
+    _initialize_with_a_listening_tagger_after_the_cleaner(nlp)
 
 
 def test_compact_vectors_equal_wordpiece_means(trf_ner_nlp, texts):

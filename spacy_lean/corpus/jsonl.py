@@ -52,11 +52,12 @@ def iter_jsonl_docs(
         counts them, left-out records included), for parts of a file.
     """
     skipped = {}
-    for index, (line_no, record) in enumerate(read_jsonl_lines(Path(path))):
-        if index < start:
+    for index, (line_no, line) in enumerate(_nonblank_lines(Path(path))):
+        if index < start:  # not parsed: the lines before a part are only counted
             continue
         if stop is not None and index >= stop:
             break
+        record = _parse(path, line_no, line)
         answer = record.get("answer") if isinstance(record, dict) else None
         if answer in NOT_GOLD_ANSWERS:
             skipped[answer] = skipped.get(answer, 0) + 1
@@ -89,14 +90,17 @@ def count_jsonl_records(path: Union[str, Path]) -> int:
 def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
     """(line number, record) for each non-blank line, with errors that name the line."""
     for i, line in _nonblank_lines(path):
-        try:
-            record = srsly.json_loads(line)
-        except ValueError as err:
-            raise ValueError(
-                f"{path}:{i}: not valid JSON ({err}). Each line of a .jsonl corpus "
-                "must be one JSON object."
-            ) from err
-        yield i, record
+        yield i, _parse(path, i, line)
+
+
+def _parse(path: Union[str, Path], line_no: int, line: str) -> Any:
+    try:
+        return srsly.json_loads(line)
+    except ValueError as err:
+        raise ValueError(
+            f"{path}:{line_no}: not valid JSON ({err}). Each line of a .jsonl corpus "
+            "must be one JSON object."
+        ) from err
 
 
 def doc_from_record(
