@@ -10,6 +10,7 @@ or `user_data` key you name) from each doc as it leaves the pipeline. Unlike spa
 `doc_cleaner` it knows which components read the data, and raises an error instead
 of silently breaking them when it is placed before one of them.
 """
+
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -168,9 +169,7 @@ class LeanCleaner:
         for key in ("extensions", "user_data_keys", "consumers"):
             value = cfg[key]
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise TypeError(
-                    f"lean_cleaner: '{key}' must be a list of strings, got {value!r}."
-                )
+                raise TypeError(f"lean_cleaner: '{key}' must be a list of strings, got {value!r}.")
             for item in value:
                 if not isinstance(item, str) or not item:
                     raise TypeError(
@@ -179,8 +178,8 @@ class LeanCleaner:
                     )
         extensions = []
         for ext in cfg["extensions"]:
-            bare = ext[len("doc._."):] if ext.startswith("doc._.") else ext
-            bare = bare[len("_."):] if bare.startswith("_.") else bare
+            bare = ext[len("doc._.") :] if ext.startswith("doc._.") else ext
+            bare = bare[len("_.") :] if bare.startswith("_.") else bare
             if not Doc.has_extension(bare):
                 raise ValueError(
                     f"lean_cleaner: the extension {ext!r} in 'extensions' names nothing: "
@@ -201,7 +200,7 @@ class LeanCleaner:
         cfg["consumers"] = list(cfg["consumers"])
         if cfg["compact_vectors"] not in (None,) + COMPACT_DTYPES:
             raise ValueError(
-                f"lean_cleaner: 'compact_vectors' must be null, \"float16\" or \"float32\", "
+                f'lean_cleaner: \'compact_vectors\' must be null, "float16" or "float32", '
                 f"got {cfg['compact_vectors']!r}."
             )
         for key in ("empty_cache_every", "trim_memory_every"):
@@ -276,7 +275,7 @@ class LeanCleaner:
         attrs += [f"doc._.{ext}" for ext in self.cfg["extensions"]]
         enabled_consumers = [c for c in self.cfg["consumers"] if c in names]
         consumers = find_consumers(nlp, attrs, extra=enabled_consumers)
-        after = [c for c in consumers if c.component in names[position + 1:]]
+        after = [c for c in consumers if c.component in names[position + 1 :]]
         if after:
             raise ValueError(self._misplaced_message(my_name, position, names, after))
         # The cleaner declares `assigns` for analyze_pipes: it is not a producer.
@@ -293,9 +292,7 @@ class LeanCleaner:
                     + (" or to pool into compact vectors" if self.cfg["compact_vectors"] else "")
                     + f". It releases what there is: {what}.",
                 )
-        late = sorted(
-            {p for attr in attrs for p in producers[attr] if p in names[position + 1:]}
-        )
+        late = sorted({p for attr in attrs for p in producers[attr] if p in names[position + 1 :]})
         if late:
             self._warn_once(
                 f"late:{','.join(late)}",
@@ -538,5 +535,3 @@ def _nbytes(obj: Any, _depth: int = 0) -> int:
     if hasattr(obj, "__dict__"):
         return sum(_nbytes(v, _depth + 1) for v in vars(obj).values())
     return 0
-
-

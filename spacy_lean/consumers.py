@@ -16,6 +16,7 @@ together what a pipeline does say:
 Attributes are written as in spaCy's factory metadata: `"doc._.trf_data"`,
 `"doc.tensor"`.
 """
+
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from spacy.language import Language

@@ -1,5 +1,6 @@
 """Tests for the `lean_cleaner` component, on the real trained transformer + ner
 pipeline from the fixtures."""
+
 import gc
 import warnings
 import weakref
@@ -210,9 +211,7 @@ def test_sourced_cleaner_checks_the_pipeline_it_is_initialized_in():
 
 def test_compact_vectors_equal_wordpiece_means(trf_ner_nlp, texts):
     # Keep trf_data (trf_data=false) so the same docs carry both, then compare.
-    trf_ner_nlp.add_pipe(
-        "lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"}
-    )
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"})
     docs = list(trf_ner_nlp.pipe(texts[:20]))
     checked = 0
     for doc in docs:
@@ -667,7 +666,7 @@ def test_curated_transformer_output(curated_nlp, texts):
             layer = doc._.trf_data.last_hidden_layer_state
             starts = numpy.concatenate([[0], numpy.cumsum(layer.lengths)[:-1]])
             for i, (start, length) in enumerate(zip(starts, layer.lengths)):
-                rows = layer.dataXd[start:start + length]
+                rows = layer.dataXd[start : start + length]
                 want = rows.mean(axis=0) if length else numpy.zeros(rows.shape[1])
                 assert_allclose(doc.tensor[i], want, rtol=1e-5, atol=1e-6)
         nlp.remove_pipe("lean_cleaner")
