@@ -8,7 +8,8 @@ thousand docs (as `nlp.evaluate` does) and the batches pile up.
 `nlp.add_pipe("lean_cleaner")` drops that data (and `doc.tensor`, and any extension
 or `user_data` key you name) from each doc as it leaves the pipeline. Unlike spaCy's
 `doc_cleaner` it knows which components read the data, and raises an error instead
-of silently breaking them when it is placed before one of them.
+of silently breaking them when it is placed before one of them and nothing sets their
+data again in between (a second transformer before its own listeners does).
 """
 
 import warnings
