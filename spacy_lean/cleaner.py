@@ -8,8 +8,10 @@ thousand docs (as `nlp.evaluate` does) and the batches pile up.
 `nlp.add_pipe("lean_cleaner")` drops that data (and `doc.tensor`, and any extension
 or `user_data` key you name) from each doc as it leaves the pipeline. Unlike spaCy's
 `doc_cleaner` it knows which components read the data, and raises an error instead
-of silently breaking them when it is placed before one of them.
+of silently breaking them when it is placed before one of them and nothing sets their
+data again in between (a second transformer before its own listeners does).
 """
+
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -24,7 +26,15 @@ from thinc.api import Config
 from thinc.backends import get_array_ops
 from thinc.types import Ragged
 
-from .consumers import TENSOR, TRF_DATA, Consumer, find_consumers, find_producers
+from .consumers import (
+    TENSOR,
+    TRF_DATA,
+    Consumer,
+    Unmet,
+    find_consumers,
+    find_producers,
+    unmet_consumers,
+)
 from .memory import empty_gpu_caches, trim_host_memory
 
 DEFAULT_CLEANER_CONFIG_STR = """
@@ -168,9 +178,7 @@ class LeanCleaner:
         for key in ("extensions", "user_data_keys", "consumers"):
             value = cfg[key]
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise TypeError(
-                    f"lean_cleaner: '{key}' must be a list of strings, got {value!r}."
-                )
+                raise TypeError(f"lean_cleaner: '{key}' must be a list of strings, got {value!r}.")
             for item in value:
                 if not isinstance(item, str) or not item:
                     raise TypeError(
@@ -179,8 +187,8 @@ class LeanCleaner:
                     )
         extensions = []
         for ext in cfg["extensions"]:
-            bare = ext[len("doc._."):] if ext.startswith("doc._.") else ext
-            bare = bare[len("_."):] if bare.startswith("_.") else bare
+            bare = ext[len("doc._.") :] if ext.startswith("doc._.") else ext
+            bare = bare[len("_.") :] if bare.startswith("_.") else bare
             if not Doc.has_extension(bare):
                 raise ValueError(
                     f"lean_cleaner: the extension {ext!r} in 'extensions' names nothing: "
@@ -201,7 +209,7 @@ class LeanCleaner:
         cfg["consumers"] = list(cfg["consumers"])
         if cfg["compact_vectors"] not in (None,) + COMPACT_DTYPES:
             raise ValueError(
-                f"lean_cleaner: 'compact_vectors' must be null, \"float16\" or \"float32\", "
+                f'lean_cleaner: \'compact_vectors\' must be null, "float16" or "float32", '
                 f"got {cfg['compact_vectors']!r}."
             )
         for key in ("empty_cache_every", "trim_memory_every"):
@@ -219,7 +227,7 @@ class LeanCleaner:
         notation ("doc._.trf_data", "doc.tensor", "doc._.my_ext",
         "doc.user_data['key']")."""
         attrs = []
-        if self.cfg["trf_data"]:
+        if self.cfg["trf_data"] or "trf_data" in self.cfg["extensions"]:
             attrs.append(TRF_DATA)
         if self.cfg["tensor"] or self.cfg["compact_vectors"]:
             attrs.append(TENSOR)
@@ -251,17 +259,25 @@ class LeanCleaner:
 
     def check_placement(self) -> None:
         """Raise a ValueError if the cleaner runs before a component that reads what
-        it releases; warn (once) about data it will not see. Called automatically on
+        it releases, and nothing sets that data again between the cleaner and that
+        component; warn (once) about data it will not see. Called automatically on
         first use and whenever the pipeline changes."""
         signature = self._pipeline_signature()
         if signature is None or signature == self._checked:
             return
+        self._check(lenient=False)
+        self._checked = signature
+
+    def _check(self, lenient: bool) -> None:
+        """The placement check. `lenient` (at `initialize`): disabled components count
+        as components that may run, since spaCy's training disables frozen and sourced
+        components while it initializes the others; disabled readers still do not
+        count, and nothing is warned about."""
         nlp = self._nlp
         assert nlp is not None
         pipeline = list(nlp.pipeline)
         position = next((i for i, (_, proc) in enumerate(pipeline) if proc is self), None)
         if position is None:  # not (or no longer) part of this pipeline, or disabled
-            self._checked = signature
             return
         my_name = pipeline[position][0]
         names = [name for name, _ in pipeline]
@@ -272,18 +288,21 @@ class LeanCleaner:
                 f"{'is' if len(unknown) == 1 else 'are'} not in the pipeline "
                 f"{nlp.component_names}. Fix the names or remove them from 'consumers'."
             )
-        attrs = [a for a in self.released_attrs if a in (TRF_DATA, TENSOR)]
-        attrs += [f"doc._.{ext}" for ext in self.cfg["extensions"]]
+        attrs = self._checked_attrs()
         enabled_consumers = [c for c in self.cfg["consumers"] if c in names]
-        consumers = find_consumers(nlp, attrs, extra=enabled_consumers)
-        after = [c for c in consumers if c.component in names[position + 1:]]
-        if after:
-            raise ValueError(self._misplaced_message(my_name, position, names, after))
-        # The cleaner declares `assigns` for analyze_pipes: it is not a producer.
-        found = find_producers(nlp, list(dict.fromkeys([TRF_DATA] + attrs)))
-        producers = {attr: [p for p in ps if p != my_name] for attr, ps in found.items()}
+        # Disabled components do not run: a listener map may still name them.
+        consumers = [
+            c for c in find_consumers(nlp, attrs, extra=enabled_consumers) if c.component in names
+        ]
+        running = list(nlp.component_names) if lenient else names
+        producers = self._producers(running, attrs)
+        unmet = unmet_consumers(nlp, running, running.index(my_name), consumers, producers)
+        if unmet:
+            raise ValueError(self._misplaced_message(my_name, names, unmet, consumers))
+        if lenient:
+            return
         if self.cfg["trf_data"] or self.cfg["compact_vectors"]:
-            if not producers.get(TRF_DATA):
+            if not self._producers(names, [TRF_DATA])[TRF_DATA]:
                 what = ", ".join(a for a in self.released_attrs if a != TRF_DATA) or "nothing"
                 self._warn_once(
                     "no-transformer",
@@ -293,34 +312,95 @@ class LeanCleaner:
                     + (" or to pool into compact vectors" if self.cfg["compact_vectors"] else "")
                     + f". It releases what there is: {what}.",
                 )
-        late = sorted(
-            {p for attr in attrs for p in producers[attr] if p in names[position + 1:]}
-        )
+        # Producers after the cleaner leave their data on the docs, unless another
+        # cleaner that releases it runs after them.
+        cleaners = [
+            (i, proc) for i, (_, proc) in enumerate(pipeline) if isinstance(proc, LeanCleaner)
+        ]
+        late = set()
+        for attr in attrs:
+            for producer in producers[attr]:
+                k = names.index(producer)
+                if k > position and not any(
+                    i > k and attr in proc._checked_attrs() for i, proc in cleaners
+                ):
+                    late.add(producer)
         if late:
+            late_names = sorted(late)
             self._warn_once(
-                f"late:{','.join(late)}",
-                f"lean_cleaner '{my_name}' runs before {late}, which set(s) data it would "
-                "release; that data stays on the docs. Put the cleaner last to release it.",
+                f"late:{','.join(late_names)}",
+                f"lean_cleaner '{my_name}' runs before {late_names}, which set(s) data it "
+                "would release; that data stays on the docs. Put the cleaner last to release "
+                "it, or add another lean_cleaner after them.",
             )
-        self._checked = signature
+
+    def _checked_attrs(self) -> List[str]:
+        """The attributes whose readers the placement check looks for."""
+        attrs = [a for a in self.released_attrs if a in (TRF_DATA, TENSOR)]
+        attrs += [f"doc._.{ext}" for ext in self.cfg["extensions"]]
+        return list(dict.fromkeys(attrs))
+
+    def _producers(self, running: Sequence[str], attrs: Sequence[str]) -> Dict[str, List[str]]:
+        """Attribute -> the components of `running` that set it. Cleaners are left out:
+        their factory declares `assigns` (for analyze_pipes), but they release data."""
+        nlp = self._nlp
+        assert nlp is not None
+        found = find_producers(nlp, attrs, names=running)
+        return {
+            attr: [p for p in ps if not isinstance(nlp.get_pipe(p), LeanCleaner)]
+            for attr, ps in found.items()
+        }
 
     def _misplaced_message(
-        self, my_name: str, position: int, names: List[str], after: List[Consumer]
+        self, my_name: str, names: List[str], unmet: List[Unmet], consumers: List[Consumer]
     ) -> str:
-        first = after[0]
-        last_consumer = max(names.index(c.component) for c in after)
-        others = sorted({c.component for c in after} - {first.component})
+        first = unmet[0]
+        consumer = first.consumer
+        others = sorted({u.consumer.component for u in unmet} - {consumer.component})
         also = f" (and {others} too)" if others else ""
-        return (
-            f"lean_cleaner '{my_name}' is component {position + 1} of {len(names)} in the "
-            f"pipeline {names}, but '{first.component}' runs after it and reads "
-            f"{first.attr}: {first.reason}{also}. Releasing the data first would make "
-            f"'{first.component}' predict from empty features (spacy-transformers' "
-            "listeners silently fall back to zeros). Put the cleaner after "
-            f"'{names[last_consumer]}': nlp.remove_pipe('{my_name}') then "
-            f"nlp.add_pipe('lean_cleaner', name='{my_name}') (it goes last by default), or "
-            "list it last in [nlp] pipeline in your config."
+        if consumer.upstream is not None:
+            effect = (
+                f"'{consumer.component}' would predict from empty features (spaCy's and "
+                "spacy-transformers' listeners silently fall back to zeros)"
+            )
+        else:
+            empty = {TENSOR: "an empty array", TRF_DATA: "None"}.get(consumer.attr, "its default")
+            effect = f"'{consumer.component}' would find {empty} there"
+        # The first place after the last unmet consumer where nothing is unmet.
+        target = self._safe_after(my_name, names, consumers, unmet)
+        place = f"after '{target}'" if target else "last"
+        how = f"nlp.remove_pipe('{my_name}') then nlp.add_pipe('lean_cleaner', name='{my_name}'" + (
+            f", after='{target}')" if target else ") (it goes last by default)"
         )
+        return (
+            f"lean_cleaner '{my_name}' is component {names.index(my_name) + 1} of {len(names)} "
+            f"in the pipeline {names}, but '{consumer.component}' runs after it and reads "
+            f"{consumer.attr}: {consumer.reason}{also}. {first.detail[0].upper()}"
+            f"{first.detail[1:]}. The cleaner would release "
+            + (f"the data of '{first.producer}'" if first.producer else "it")
+            + f" before '{consumer.component}' reads it: {effect}. Put the cleaner {place}: "
+            f"{how}, or move it there in [nlp] pipeline in your config."
+        )
+
+    def _safe_after(
+        self, my_name: str, names: List[str], consumers: List[Consumer], unmet: List[Unmet]
+    ) -> Optional[str]:
+        """The component after which the cleaner would be well placed, the first such
+        place after the last unmet consumer; None for the end of the pipeline."""
+        nlp = self._nlp
+        assert nlp is not None
+        last = max(names.index(u.consumer.component) for u in unmet)
+        attrs = self._checked_attrs()
+        others = [n for n in names if n != my_name]
+        for anchor in names[last:]:
+            if anchor == my_name:
+                continue
+            order = list(others)
+            order.insert(order.index(anchor) + 1, my_name)
+            producers = self._producers(order, attrs)
+            if not unmet_consumers(nlp, order, order.index(my_name), consumers, producers):
+                return None if anchor == others[-1] else anchor
+        return None
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -353,14 +433,21 @@ class LeanCleaner:
 
     def initialize(self, get_examples=None, *, nlp: Optional[Language] = None) -> None:
         """Check the placement when the pipeline is initialized (`nlp.initialize`).
+        Disabled components count as components that may run (spaCy's training
+        disables its frozen and sourced ones while it initializes the others); the
+        first call checks the pipeline as it runs.
 
         nlp (Optional[Language]): the pipeline being initialized; it becomes the one
             the cleaner checks (a sourced cleaner was made for its source pipeline).
         """
         if nlp is not None:
             self._nlp = nlp
+        # spaCy's training initializes with the frozen and sourced components disabled
+        # (`init_nlp`): they count as running here, and the first call checks the
+        # pipeline as it runs.
         self._checked = None
-        self.check_placement()
+        if self._nlp is not None:
+            self._check(lenient=True)
 
     def _clean(self, doc: Doc) -> None:
         cfg = self.cfg
@@ -538,5 +625,3 @@ def _nbytes(obj: Any, _depth: int = 0) -> int:
     if hasattr(obj, "__dict__"):
         return sum(_nbytes(v, _depth + 1) for v in vars(obj).values())
     return 0
-
-

@@ -1,5 +1,6 @@
 """Tests for the `lean_cleaner` component, on the real trained transformer + ner
 pipeline from the fixtures."""
+
 import gc
 import warnings
 import weakref
@@ -146,10 +147,10 @@ def test_placement_in_config_raises(trf_ner_dir):
 
 
 def test_unlinked_listener_is_found_by_walking_the_model(trf_ner_nlp):
-    trf_ner_nlp.add_pipe("lean_cleaner", first=True)
+    trf_ner_nlp.add_pipe("lean_cleaner", before="ner")
     # add_pipe re-links listeners; forget them, as after sourcing a component.
     trf_ner_nlp.get_pipe("transformer").listener_map = {}
-    with pytest.raises(ValueError, match="transformer-listener layer"):
+    with pytest.raises(ValueError, match="transformer-listener layer.*listens to 'transformer'"):
         trf_ner_nlp("Ada Lindqvist visited Veldmark .")
 
 
@@ -210,9 +211,7 @@ def test_sourced_cleaner_checks_the_pipeline_it_is_initialized_in():
 
 def test_compact_vectors_equal_wordpiece_means(trf_ner_nlp, texts):
     # Keep trf_data (trf_data=false) so the same docs carry both, then compare.
-    trf_ner_nlp.add_pipe(
-        "lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"}
-    )
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"trf_data": False, "compact_vectors": "float32"})
     docs = list(trf_ner_nlp.pipe(texts[:20]))
     checked = 0
     for doc in docs:
@@ -561,6 +560,348 @@ def test_empty_cache_every_frees_cuda_cache(trf_ner_dir, texts):
         require_cpu()
 
 
+# -- placement: who sets each field between the cleaner and its readers ------
+
+TAGS = {"tags": ["X", "Y", "Z", "X", "Y"]}
+SENTENCE = "Ada visited Veldmark last spring"
+
+
+@Language.component("lean_test_tensor_writer", assigns=["doc.tensor"])
+def _tensor_writer(doc):
+    doc.tensor = numpy.ones((len(doc), 4), dtype="f")
+    return doc
+
+
+TENSOR_SIZES_SEEN = []
+
+
+@Language.component("lean_test_tensor_reader", requires=["doc.tensor"])
+def _tensor_reader(doc):
+    TENSOR_SIZES_SEEN.append(doc.tensor.size)
+    return doc
+
+
+def _tagger_config(upstream):
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": upstream}
+    return {"model": {"tok2vec": listener}}
+
+
+def _two_tok2vec_blocks(upstream, cleaners=(), initialize=True):
+    """[tok2vec, tagger, tok2vec2, tagger2], tagger listening to "*" and tagger2 to
+    `upstream`, with the cleaners (name, before) added, all initialized."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("tagger", config=_tagger_config("*"))
+    nlp.add_pipe("tok2vec", name="tok2vec2")
+    nlp.add_pipe("tagger", name="tagger2", config=_tagger_config(upstream))
+    for name, before in cleaners:
+        where = {"before": before} if before else {}
+        nlp.add_pipe("lean_cleaner", name=name, config={"trf_data": False}, **where)
+    if initialize:
+        example = Example.from_dict(nlp.make_doc(SENTENCE), TAGS)
+        nlp.initialize(lambda: [example])
+    return nlp
+
+
+def _tags(docs):
+    return [[t.tag_ for t in doc] for doc in docs]
+
+
+@pytest.mark.parametrize("upstream", ["tok2vec2", "*"])
+def test_cleaner_between_two_tok2vec_blocks(upstream):
+    """A cleaner before a second tok2vec and its listener is safe: tok2vec2 sets
+    doc.tensor again before tagger2 reads it (by name, or as the tok2vec "*" resolves
+    to, the last one before tagger2)."""
+    texts = [SENTENCE, "Veldmark is far", "Ada"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeanCleanerWarning)
+        nlp = _two_tok2vec_blocks(
+            upstream, [("lean_cleaner", "tok2vec2"), ("lean_cleaner_end", None)]
+        )
+        docs = list(nlp.pipe(texts))
+    assert nlp.pipe_names == [
+        "tok2vec",
+        "tagger",
+        "lean_cleaner",
+        "tok2vec2",
+        "tagger2",
+        "lean_cleaner_end",
+    ]
+    assert all(doc.tensor.size == 0 for doc in docs)
+    assert nlp.get_pipe("lean_cleaner").stats["tensor"] == len(texts)
+    assert nlp.get_pipe("lean_cleaner_end").stats["tensor"] == len(texts)
+    # tagger2 predicted from tok2vec2's tensor: the same tags as without the cleaners.
+    with nlp.select_pipes(disable=["lean_cleaner", "lean_cleaner_end"]):
+        assert _tags(nlp.pipe(texts)) == _tags(docs)
+    # Without the last cleaner, tok2vec2's tensor stays on the docs: said once.
+    nlp.remove_pipe("lean_cleaner_end")
+    with pytest.warns(LeanCleanerWarning, match="runs before \\['tok2vec2'\\].*stays on the docs"):
+        doc = nlp(SENTENCE)
+    assert doc.tensor.shape == (5, 96)
+
+
+def test_listener_of_a_tok2vec_before_the_cleaner_is_refused():
+    """tagger2 listens to 'tok2vec' by name: tok2vec2 sets doc.tensor again after the
+    cleaner, but tagger2 was not trained on it; the error says so, and where the
+    cleaner can go."""
+    nlp = _two_tok2vec_blocks("tok2vec")
+    nlp.add_pipe("sentencizer")
+    nlp.add_pipe("lean_cleaner", before="tok2vec2")
+    with pytest.raises(ValueError) as err:
+        nlp(SENTENCE)
+    msg = str(err.value)
+    assert "'tagger2' runs after it and reads doc.tensor" in msg
+    assert "tok2vec-listener layer listening to 'tok2vec'" in msg
+    assert "listening to 'tok2vec'. 'tok2vec' sets doc.tensor before the cleaner" in msg
+    assert "['tok2vec2'] set(s) doc.tensor again between the cleaner and 'tagger2'" in msg
+    assert "but 'tagger2' does not listen to it" in msg
+    assert "release the data of 'tok2vec' before 'tagger2' reads it" in msg
+    fix = "nlp.add_pipe('lean_cleaner', name='lean_cleaner', after='tagger2')"
+    assert "Put the cleaner after 'tagger2': nlp.remove_pipe('lean_cleaner') then " + fix in msg
+    # The fix from the message works.
+    nlp.remove_pipe("lean_cleaner")
+    nlp.add_pipe("lean_cleaner", after="tagger2", config={"trf_data": False})
+    assert nlp(SENTENCE).tensor.size == 0
+
+
+@pytest.mark.parametrize("upstream", ["tok2vec2", "*"])
+@pytest.mark.filterwarnings("ignore::spacy_lean.cleaner.LeanCleanerWarning")
+def test_placement_rechecked_when_producers_come_and_go(upstream):
+    """Components added after the cleaner later, disabled, removed: the check runs
+    again at the next call, per field and producer."""
+    nlp = _two_tok2vec_blocks(upstream)
+    source = nlp
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec", source=source)
+    nlp.add_pipe("tagger", source=source)
+    cleaner = nlp.add_pipe("lean_cleaner", config={"trf_data": False})
+    assert nlp(SENTENCE).tensor.size == 0
+    # A second block added after the cleaner later: fine.
+    nlp.add_pipe("tok2vec2", source=source)
+    nlp.add_pipe("tagger2", source=source)
+    expected = _tags([source(SENTENCE)])
+    doc = nlp(SENTENCE)
+    assert _tags([doc]) == expected
+    assert cleaner.stats["tensor"] == 2
+    # tok2vec2 disabled: tagger2 would read what tok2vec set, released by the cleaner.
+    with nlp.select_pipes(disable=["tok2vec2"]):
+        with pytest.raises(ValueError) as err:
+            nlp(SENTENCE)
+    msg = str(err.value)
+    assert "'tagger2' runs after it and reads doc.tensor" in msg
+    if upstream == "*":
+        assert "That is, it listens to 'tok2vec', the last component before it" in msg
+    else:
+        assert (
+            "listening to 'tok2vec2'. 'tok2vec2' is disabled; 'tok2vec' sets doc.tensor before "
+            "the cleaner and no component between the cleaner and 'tagger2' sets it again"
+        ) in msg
+    assert "release the data of 'tok2vec' before 'tagger2' reads it" in msg
+    assert "Put the cleaner last" in msg
+    assert _tags([nlp(SENTENCE)]) == expected  # enabled again: fine again
+    nlp.remove_pipe("tok2vec2")
+    with pytest.raises(ValueError, match="'tagger2' runs after it and reads doc.tensor") as err:
+        nlp(SENTENCE)
+    if upstream == "tok2vec2":
+        assert "'tok2vec2' is not in the pipeline; 'tok2vec' sets doc.tensor" in str(err.value)
+
+
+@pytest.mark.filterwarnings("ignore::spacy_lean.cleaner.LeanCleanerWarning")
+def test_a_component_that_sets_the_field_again_before_its_reader():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("tagger", config=_tagger_config("*"))
+    nlp.add_pipe("lean_cleaner", config={"trf_data": False})
+    nlp.add_pipe("lean_test_tensor_writer")
+    nlp.add_pipe("lean_test_tensor_reader")
+    example = Example.from_dict(nlp.make_doc(SENTENCE), TAGS)
+    nlp.initialize(lambda: [example])
+    TENSOR_SIZES_SEEN.clear()
+    doc = nlp(SENTENCE)
+    assert TENSOR_SIZES_SEEN == [len(doc) * 4]
+    with nlp.select_pipes(disable=["lean_test_tensor_writer"]):
+        with pytest.raises(ValueError) as err:
+            nlp(SENTENCE)
+    msg = str(err.value)
+    assert (
+        "'lean_test_tensor_reader' runs after it and reads doc.tensor: its factory declares "
+        "requires=['doc.tensor']. 'tok2vec' sets doc.tensor before the cleaner and no "
+        "component between the cleaner and 'lean_test_tensor_reader' sets it again."
+    ) in msg
+    assert "would find an empty array there" in msg and "Put the cleaner last" in msg
+
+
+def test_cleaner_checks_only_what_it_releases():
+    """tensor=false: a tok2vec listener after the cleaner is fine; trf_data=false with
+    "trf_data" named in `extensions` still releases doc._.trf_data, and says so."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    cleaner = nlp.add_pipe("lean_cleaner", config={"tensor": False})
+    nlp.add_pipe("tagger", config=_tagger_config("*"))
+    example = Example.from_dict(nlp.make_doc(SENTENCE), TAGS)
+    with pytest.warns(LeanCleanerWarning, match="no component that sets doc._.trf_data"):
+        nlp.initialize(lambda: [example])
+        doc = nlp(SENTENCE)
+    assert doc.tensor.shape == (5, 96)
+    assert cleaner.released_attrs == ["doc._.trf_data"]
+    if not Doc.has_extension("trf_data"):  # as spacy-transformers registers it
+        Doc.set_extension("trf_data", default=None)
+    named = LeanCleaner(None, trf_data=False, tensor=False, extensions=["trf_data"])
+    assert named.released_attrs == ["doc._.trf_data"]
+
+
+def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp_path):
+    """`spacy train` initializes with its frozen and sourced components disabled
+    (`init_nlp`): a frozen tok2vec2 between the cleaner and the tagger2 being trained
+    on it is no reason to refuse."""
+    from spacy.tokens import DocBin
+    from spacy.training.initialize import init_nlp
+
+    source = spacy.blank("en")
+    source.add_pipe("tok2vec", name="tok2vec2")
+    source.initialize()
+    source.to_disk(tmp_path / "source")
+    nlp = spacy.blank("en")
+    texts = [SENTENCE, "Veldmark is far away now"]
+    corpus = DocBin(docs=[Example.from_dict(nlp.make_doc(t), TAGS).reference for t in texts])
+    corpus.to_disk(tmp_path / "tags.spacy")
+    config = spacy.util.load_config_from_str(TWO_BLOCK_TRAINING_CONFIG)
+    config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "tags.spacy")
+    config["components"]["tok2vec2"]["source"] = str(tmp_path / "source")
+    nlp = init_nlp(config)
+    assert nlp.pipe_names[2:4] == ["lean_cleaner", "tok2vec2"]
+    doc = nlp(SENTENCE)
+    assert doc.tensor.size == 0
+    with nlp.select_pipes(disable=["lean_cleaner", "lean_cleaner_end"]):
+        assert _tags([nlp(SENTENCE)]) == _tags([doc])
+
+
+TWO_BLOCK_TRAINING_CONFIG = """
+[paths]
+train = null
+dev = null
+
+[nlp]
+lang = "en"
+pipeline = ["tok2vec","tagger","lean_cleaner","tok2vec2","tagger2","lean_cleaner_end"]
+
+[components]
+
+[components.tok2vec]
+factory = "tok2vec"
+
+[components.tagger]
+factory = "tagger"
+
+[components.tagger.model]
+@architectures = "spacy.Tagger.v2"
+
+[components.tagger.model.tok2vec]
+@architectures = "spacy.Tok2VecListener.v1"
+width = 96
+upstream = "*"
+
+[components.lean_cleaner]
+factory = "lean_cleaner"
+trf_data = false
+
+[components.tok2vec2]
+source = null
+
+[components.tagger2]
+factory = "tagger"
+
+[components.tagger2.model]
+@architectures = "spacy.Tagger.v2"
+
+[components.tagger2.model.tok2vec]
+@architectures = "spacy.Tok2VecListener.v1"
+width = 96
+upstream = "tok2vec2"
+
+[components.lean_cleaner_end]
+factory = "lean_cleaner"
+trf_data = false
+
+[corpora]
+
+[corpora.train]
+@readers = "spacy.Corpus.v1"
+path = ${paths.train}
+
+[corpora.dev]
+@readers = "spacy.Corpus.v1"
+path = ${paths.dev}
+
+[training]
+seed = 0
+gpu_allocator = null
+frozen_components = ["tok2vec2"]
+annotating_components = ["tok2vec2"]
+"""
+
+
+def _source_second_transformer_block(nlp, trf_ner_dir, upstream):
+    """Add a second transformer + ner (a copy of the first), as 'transformer2' and
+    'ner2', ner2's listener listening to `upstream`. RETURNS the listener layer."""
+    source = spacy.load(trf_ner_dir)
+    source.rename_pipe("transformer", "transformer2")
+    source.rename_pipe("ner", "ner2")
+    listener = next(n for n in source.get_pipe("ner2").model.walk() if n.name.endswith("listener"))
+    listener.upstream_name = upstream
+    nlp.add_pipe("transformer2", source=source)
+    nlp.add_pipe("ner2", source=source)
+    return listener
+
+
+@pytest.mark.parametrize("upstream", ["transformer2", "*"])
+def test_cleaner_between_two_transformer_blocks(trf_ner_nlp, trf_ner_dir, texts, upstream):
+    """[transformer, ner, lean_cleaner, transformer2, ner2, lean_cleaner_end]: ner2
+    reads what transformer2 set after the first cleaner released transformer's batch."""
+    nlp = trf_ner_nlp
+    listener = _source_second_transformer_block(nlp, trf_ner_dir, upstream)
+    sample = texts[:6]
+    expected = _ents(nlp.pipe(sample))
+    seen = []
+    forward = listener._func
+
+    def spy(model, docs, is_train):
+        seen.extend(doc._.trf_data is not None for doc in docs)
+        return forward(model, docs, is_train)
+
+    listener._func = spy
+    first = nlp.add_pipe("lean_cleaner", before="transformer2")
+    last = nlp.add_pipe("lean_cleaner", name="lean_cleaner_end")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LeanCleanerWarning)
+        docs = list(nlp.pipe(sample))
+    assert nlp.pipe_names == [
+        "transformer",
+        "ner",
+        "lean_cleaner",
+        "transformer2",
+        "ner2",
+        "lean_cleaner_end",
+    ]
+    assert _ents(docs) == expected
+    assert seen == [True] * len(sample)
+    assert all(doc._.trf_data is None for doc in docs)
+    assert first.stats["trf_data"] == last.stats["trf_data"] == len(sample)
+
+
+def test_ner2_listening_to_the_first_transformer_is_refused(trf_ner_nlp, trf_ner_dir):
+    nlp = trf_ner_nlp
+    _source_second_transformer_block(nlp, trf_ner_dir, "transformer")
+    nlp.add_pipe("lean_cleaner", before="transformer2")
+    with pytest.raises(ValueError) as err:
+        nlp("Ada Lindqvist visited Veldmark .")
+    msg = str(err.value)
+    assert "'ner2' runs after it and reads doc._.trf_data" in msg
+    assert "listening to 'transformer'. 'transformer' sets doc._.trf_data before the" in msg
+    assert "['transformer2'] set(s) doc._.trf_data again between the cleaner and 'ner2'" in msg
+    assert "Put the cleaner last" in msg
+
+
 # -- spacy-curated-transformers (its DocTransformerOutput) -------------------
 
 CURATED_CONFIG = """
@@ -667,7 +1008,7 @@ def test_curated_transformer_output(curated_nlp, texts):
             layer = doc._.trf_data.last_hidden_layer_state
             starts = numpy.concatenate([[0], numpy.cumsum(layer.lengths)[:-1]])
             for i, (start, length) in enumerate(zip(starts, layer.lengths)):
-                rows = layer.dataXd[start:start + length]
+                rows = layer.dataXd[start : start + length]
                 want = rows.mean(axis=0) if length else numpy.zeros(rows.shape[1])
                 assert_allclose(doc.tensor[i], want, rtol=1e-5, atol=1e-6)
         nlp.remove_pipe("lean_cleaner")
