@@ -4,8 +4,9 @@ scores, when the docs are tweets, CoNLL-style groups of sentences, or very long?
 
 Figures taken on generated corpora have not always held on real ones, so the news-like
 docs of `spacy_lean.synthetic_news` (sentence starts and entities set) are re-cut into
-three shapes, each as one .spacy file at 1x and 4x its size (the 4x set tiles the 1x one,
-so the scores are the same at both sizes):
+three shapes, each as one .spacy file at 1x and 4x its size, and 16x for one run of
+`spacy lean evaluate` (each larger set tiles the 1x one, so the scores are the same at
+every size):
 
 - tweets: one sentence per doc, at most 30 tokens, each with a user handle before it and
   most with a hashtag after it (WNUT-17-like: short, many docs);
@@ -23,7 +24,8 @@ runs in a fresh process (eval_memory.py's child), the two arms alternating per r
 
 Prints JSON and writes benchmarks/results/eval_shapes.json: per shape and size, each
 arm's median wall time and peak RSS after loading, the wall-time ratio (median of the
-per-repeat pairs), the peak's growth from 1x to 4x, and whether the scores are identical.
+per-repeat pairs), the peak's growth from 1x to 4x (and lean's from 4x to 16x), and whether
+the scores are identical.
 """
 import argparse
 import json
@@ -116,6 +118,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/eval_shapes"))
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--no-lean-16x", dest="lean_16x", action="store_false",
+                        help="skip the one `spacy lean evaluate` run on each dev set at 16x")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -126,11 +130,13 @@ def main():
     for shape in args.shapes:
         base = make_shape(shape, args.tokens, seed=5)
         shapes[shape] = stats(base)
-        sizes = [len(base), 4 * len(base)]
+        sizes = [len(base), 4 * len(base)] + ([16 * len(base)] if args.lean_16x else [])
         files = write_tiled(base, sizes, args.work_dir, f"{shape}{args.tokens}", shard_docs=100)
-        for factor, size in zip((1, 4), sizes):
-            for rep in range(args.repeats):
-                for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
+        for factor, size in zip((1, 4, 16), sizes):
+            # 16x: `spacy lean evaluate` once (stock's growth shows at 4x already).
+            for rep in range(args.repeats if factor < 16 else 1):
+                arms = ARMS if factor < 16 else (LEAN_ARM,)
+                for arm in arms if rep % 2 == 0 else arms[::-1]:
                     result = run_child(arm, model, files[size]["file"], args.threads)
                     result.update(shape=shape, factor=factor, size=size, repeat=rep)
                     runs.append(result)
@@ -155,6 +161,19 @@ def main():
         for arm in ARMS:
             one, four = (row[f"{f}x"][arm]["peak_rss_after_load_mb"] for f in (1, 4))
             row[f"growth_1x_to_4x/{arm}"] = round(four / one - 1, 4)
+        big = [r for r in runs if r["shape"] == shape and r["factor"] == 16]
+        if big:
+            peak = max(r["peak_rss_after_load_mb"] for r in big)
+            four = row["4x"][LEAN_ARM]["peak_rss_after_load_mb"]
+            row["16x"] = {LEAN_ARM: {"peak_rss_after_load_mb": peak,
+                                     "wall_seconds_median": statistics.median(r["wall_seconds"] for r in big)},
+                          "scores_equal_to_1x": {json.dumps(without_speed(r["scores"]), sort_keys=True)
+                                                 for r in big}
+                          == {json.dumps(without_speed(r["scores"]), sort_keys=True)
+                              for r in runs if r["shape"] == shape and r["factor"] == 1}}
+            row[f"growth_4x_to_16x/{LEAN_ARM}"] = round(peak / four - 1, 4)
+            row[f"growth_1x_to_16x/{LEAN_ARM}"] = round(
+                peak / row["1x"][LEAN_ARM]["peak_rss_after_load_mb"] - 1, 4)
         summary[shape] = row
     result = {
         "benchmark": "eval_shapes",

@@ -419,8 +419,14 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
         f"{arm}, {f}": [summary[s][f][arm]["peak_rss_after_load_mb"] for s in shapes]
         for arm in arms for f in ("1x", "4x")
     }
-    _bars(axes[0], shapes, peaks, "MB", "Peak RSS after the model loaded, 1x and 4x the dev set",
-          fmt="{:.0f}")
+    title = "Peak RSS after the model loaded, 1x and 4x the dev set"
+    big = [s for s in shapes if "16x" in summary[s]]
+    if len(big) == len(shapes):
+        for arm in summary[shapes[0]]["16x"]:
+            if isinstance(summary[shapes[0]]["16x"][arm], dict):
+                peaks[f"{arm}, 16x"] = [summary[s]["16x"][arm]["peak_rss_after_load_mb"] for s in shapes]
+        title = "Peak RSS after the model loaded, 1x, 4x (and lean: 16x) the dev set"
+    _bars(axes[0], shapes, peaks, "MB", title, fmt="{:.0f}")
     ratios = {f: [summary[s][f]["wall_ratio_lean_vs_stock"] for s in shapes] for f in ("1x", "4x")}
     _bars(axes[1], shapes, ratios, "lean / stock", "Wall time, spacy lean evaluate / spacy evaluate",
           fmt="{:.2f}")
