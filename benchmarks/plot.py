@@ -23,6 +23,7 @@ benchmarks/results for both).
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -434,9 +435,41 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_train_shapes(data: Dict[str, Any]) -> plt.Figure:
+    """Per corpus shape: each system's peak RSS by training-corpus and dev-set size,
+    lean/stock words per second, and dev F."""
+    summary = data["summary"]
+    shapes = [s for s in summary if "stock" in summary[s] and "lean" in summary[s]]
+    if not shapes:
+        raise SchemaError("summary has no shape with both systems")
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    peaks = {}
+    for system in ("stock", "lean"):
+        for key, label in (("peak_rss_mb_by_train_size", "train"), ("peak_rss_mb_by_dev_size", "dev")):
+            sizes = sorted(summary[shapes[0]][system][key], key=lambda k: int(k[len(label):]))
+            for size in sizes:
+                if label == "dev" and size == "dev1":
+                    continue  # the train1 bar is that run
+                name = f"{system}, {size[len(label):]}x {label}" if label == "train" else \
+                    f"{system}, {size[len(label):]}x dev"
+                peaks[name] = [summary[s][system][key].get(size) for s in shapes]
+    _bars(axes[0], shapes, peaks, "MB", "Peak RSS of the training command (1x corpus and dev unless named)",
+          fmt="{:.0f}")
+    ratios = {"words/s": [summary[s].get("lean_vs_stock_words_per_s_median") for s in shapes],
+              "words per wall s": [summary[s].get("lean_vs_stock_words_per_wall_s") for s in shapes]}
+    _bars(axes[1], shapes, ratios, "lean / stock", "Training speed, spacy lean train / spacy train",
+          fmt="{:.2f}")
+    axes[1].axhline(1.0, color="grey", linewidth=0.8)
+    scores = {system: [statistics.mean(summary[s][system]["ents_f"]) for s in shapes]
+              for system in ("stock", "lean")}
+    _bars(axes[2], shapes, scores, "ents_f", "Final dev F (1x corpus, mean of the runs)", fmt="{:.3f}")
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "eval_heap_trim": plot_eval_heap_trim,
     "eval_shapes": plot_eval_shapes,
+    "train_shapes": plot_train_shapes,
     "eval_memory": plot_eval_memory,
     "cleaner_memory": plot_cleaner_memory,
     "padding": plot_padding,
