@@ -79,7 +79,6 @@ def test_symbolic_link_loops_in_a_corpus_folder_are_refused(tmp_path):
         list_shards(tmp_path)
 
 
-
 def test_max_length_keeps_every_entity_spacy_drops_some(nlp, shard_dir):
     corpus = LeanCorpus(shard_dir, max_length=12)
     examples = list(corpus(nlp))
@@ -350,13 +349,22 @@ def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
     from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
 
     def record(text, label, answer):
-        return {"text": text, "spans": [{"start": 0, "end": 3, "label": label}],
-                "answer": answer, "_input_hash": len(text)}
+        return {
+            "text": text,
+            "spans": [{"start": 0, "end": 3, "label": label}],
+            "answer": answer,
+            "_input_hash": len(text),
+        }
 
-    records = [record("Ada met Bo", "PER", "accept"), record("Oslo is far", "PER", "reject"),
-               record("Kim ran home", "PER", "accept"), record("The end now", "ORG", "ignore"),
-               record("Lea sang loud", "PER", "reject"), record("Max won it", "PER", "accept"),
-               {"text": "no answer key"}]
+    records = [
+        record("Ada met Bo", "PER", "accept"),
+        record("Oslo is far", "PER", "reject"),
+        record("Kim ran home", "PER", "accept"),
+        record("The end now", "ORG", "ignore"),
+        record("Lea sang loud", "PER", "reject"),
+        record("Max won it", "PER", "accept"),
+        {"text": "no answer key"},
+    ]
     path = tmp_path / "prodigy.jsonl"
     srsly.write_jsonl(path, records)
     accepted = ["Ada met Bo", "Kim ran home", "Max won it", "no answer key"]

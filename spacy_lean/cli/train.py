@@ -1,5 +1,6 @@
 """`spacy lean train`: `spacy train`, data-parallel over processes and GPUs
 (torch.distributed), resumable, with out-of-memory-safe updates."""
+
 import contextlib
 import logging
 import os
@@ -27,9 +28,13 @@ def parse_gpu_ids(value: Optional[str]) -> List[int]:
     try:
         ids = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--gpu-ids must be comma-separated integers such as 0,1, got {value!r}.") from None
+        raise ValueError(
+            f"--gpu-ids must be comma-separated integers such as 0,1, got {value!r}."
+        ) from None
     if any(i < 0 for i in ids):
-        raise ValueError(f"--gpu-ids must be >= 0, got {value!r}; use -1 (or leave it out) to train on the CPU.")
+        raise ValueError(
+            f"--gpu-ids must be >= 0, got {value!r}; use -1 (or leave it out) to train on the CPU."
+        )
     return ids
 
 

@@ -4,6 +4,7 @@ state on disk (numpy .npz, no pickle) and the local launcher.
 
 One code path for 1 and N processes: with one process the collectives do nothing.
 """
+
 import datetime
 import json
 import os
@@ -187,7 +188,9 @@ def context_from_env(
     rank = read("RANK", 0)
     local_rank = read("LOCAL_RANK", rank if world > 1 else 0)
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE.")
+        raise ValueError(
+            f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE."
+        )
     gpu_id = gpu_ids[local_rank % len(gpu_ids)] if gpu_ids else -1
     chosen = None if backend == "auto" else backend
     return DistContext(rank, world, local_rank, gpu_id, backend=chosen, timeout_s=timeout_s)
@@ -393,7 +396,10 @@ class GradientReducer:
     """
 
     def __init__(
-        self, ctx: DistContext, entries: Sequence[ParamEntry], bucket_elements: int = DEFAULT_BUCKET_ELEMENTS
+        self,
+        ctx: DistContext,
+        entries: Sequence[ParamEntry],
+        bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
     ):
         self.ctx = ctx
         self.entries = list(entries)
@@ -452,7 +458,9 @@ class GradientReducer:
         import torch.distributed as dist
 
         for bucket in self.buckets:
-            flat = torch.zeros(sum(e.size for e in bucket), dtype=torch.float32, device=self.ctx.device)
+            flat = torch.zeros(
+                sum(e.size for e in bucket), dtype=torch.float32, device=self.ctx.device
+            )
             offset = 0
             for entry in bucket:
                 flat[offset : offset + entry.size].copy_(entry.get_value().reshape(-1))
@@ -487,7 +495,9 @@ class GradientReducer:
 OPTIMIZER_FILE = "optimizer.npz"
 
 
-def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> Dict[str, Any]:
+def save_optimizer(
+    optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]
+) -> Dict[str, Any]:
     """Write the optimizer's per-parameter state (Adam moments, averages, update
     counts) to a .npz file keyed by stable parameter names (arrays only, no pickle).
 
@@ -499,10 +509,16 @@ def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Pa
     for i, entry in enumerate(entries):
         names.append(entry.name)
         counts.append(int(optimizer.nr_update.get(entry.key, 0)))
-        for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2), ("avg", optimizer.averages or {})):
+        for prefix, table in (
+            ("mom1", optimizer.mom1),
+            ("mom2", optimizer.mom2),
+            ("avg", optimizer.averages or {}),
+        ):
             if entry.key in table:
                 value = table[entry.key]
-                arrays[f"{prefix}_{i}"] = value.get() if hasattr(value, "get") else numpy.asarray(value)
+                arrays[f"{prefix}_{i}"] = (
+                    value.get() if hasattr(value, "get") else numpy.asarray(value)
+                )
     arrays["names"] = numpy.array(names, dtype=str)
     arrays["nr_update"] = numpy.array(counts, dtype="int64")
     path = Path(path)

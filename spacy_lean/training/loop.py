@@ -8,6 +8,7 @@ its optimizer with the same gradients, so all ranks keep identical weights. The 
 set is scored in shares with the streaming evaluator and the score states are merged,
 so the score is the one of a single process. Only rank 0 logs and writes.
 """
+
 import random
 import shutil
 import sys
@@ -46,7 +47,6 @@ from .dist import (
 )
 from .callbacks import get_update_policy
 from .update import UpdatePolicy, lean_update
-
 
 DIR_STATE = "training-state"
 STATE_FORMAT = "spacy-lean.train-state.v1"
@@ -164,7 +164,13 @@ def _rng_states() -> Dict[str, Any]:
     np_state = numpy.random.get_state()
     return {
         "random": _jsonable(random.getstate()),
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "numpy": [
+            np_state[0],
+            np_state[1].tolist(),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
         "torch": torch.get_rng_state().tolist(),
     }
 
@@ -181,7 +187,9 @@ def _set_rng_states(states: Dict[str, Any]) -> None:
 # -- evaluation --------------------------------------------------------------------
 
 
-def weighted_score(scores: Dict[str, Any], weights: Dict[str, Optional[float]]) -> Tuple[float, Dict[str, Any]]:
+def weighted_score(
+    scores: Dict[str, Any], weights: Dict[str, Optional[float]]
+) -> Tuple[float, Dict[str, Any]]:
     """The main score as spaCy's training computes it: the weighted sum of the scores
     named in [training.score_weights] (None scores dropped)."""
     scores = {key: value for key, value in scores.items() if value is not None}
@@ -281,10 +289,14 @@ def _is_numpy_state(value: Any) -> bool:
     # numpy's legacy `set_state` takes the position unchecked: one outside the key
     # would read other memory. (torch and Python check their generators' states.)
     return (
-        isinstance(value, list) and len(value) == 5 and value[0] == "MT19937"
-        and isinstance(value[1], list) and len(value[1]) == 624
-        and all(type(k) is int and 0 <= k < 2 ** 32 for k in value[1])
-        and type(value[2]) is int and 0 <= value[2] <= 624
+        isinstance(value, list)
+        and len(value) == 5
+        and value[0] == "MT19937"
+        and isinstance(value[1], list)
+        and len(value[1]) == 624
+        and all(type(k) is int and 0 <= k < 2**32 for k in value[1])
+        and type(value[2]) is int
+        and 0 <= value[2] <= 624
     )
 
 
@@ -571,6 +583,8 @@ def train(
         nlp.use_params(optimizer.averages)
     if output_path is not None:
         if ctx.is_main:
-            stdout.write(msg.good("Saved pipeline to output directory", output_path / DIR_MODEL_LAST) + "\n")
+            stdout.write(
+                msg.good("Saved pipeline to output directory", output_path / DIR_MODEL_LAST) + "\n"
+            )
         return nlp, output_path / DIR_MODEL_LAST
     return nlp, None
