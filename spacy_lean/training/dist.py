@@ -30,6 +30,19 @@ class RankFailedError(RuntimeError):
     """A rank of a data-parallel run died or failed."""
 
 
+class TrainingStateError(ValueError):
+    """A saved training state (`training-state/state.json` or `optimizer.npz`) that a
+    resumed run cannot use: missing, damaged, edited, or not what `spacy lean train`
+    writes. The message names the file, the value and what to do."""
+
+
+# What to do with a training state that cannot be used.
+STATE_FIX = (
+    "Restore training-state/ from a copy of the run, or train again without --resume "
+    "(into another --output folder to keep this one)."
+)
+
+
 @dataclass
 class DistContext:
     """Where this process stands in the run: rank, world size, local rank and device.
