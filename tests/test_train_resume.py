@@ -1,5 +1,5 @@
 """`spacy lean train --resume` with a saved state it cannot use: a `state.json` edited by
-hand or damaged. Each case is refused before anything is replayed or trained,
+hand or damaged, a run that ended at its last epoch. Each case is refused before anything is replayed or trained,
 with a message naming the file, the value and what to do. One process, the real CLI
 function, a tiny tok2vec + ner pipeline trained on a generated corpus."""
 
@@ -9,6 +9,7 @@ import shutil
 import signal
 
 import pytest
+import spacy
 import srsly
 
 from spacy_lean import synthetic
@@ -37,8 +38,8 @@ def deadline(seconds):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_ner_config):
-    """8 training docs, 2 epochs, evaluation every 2 steps, no step limit: the run
-    ends at step 5, its last state is at epoch 2."""
+    """8 training docs, 2 epochs, evaluation every 2 steps, no step limit. The run
+    ends at the end of epoch 1 (step 5) and its last state is at epoch 2."""
     root = tmp_path_factory.mktemp("resume")
     synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41)
     synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
@@ -71,6 +72,13 @@ def copied(setup, tmp_path):
     shutil.copytree(setup / "run", out)
     path = out / "training-state" / "state.json"
     return out, path, srsly.read_json(path)
+
+
+def test_the_run_ends_with_a_state_at_its_last_epoch(setup):
+    state = read_training_state(setup / "run")
+    assert (state["step"], state["epoch"], state["world_size"]) == (5, 2, 1)
+    # The state is at the start of epoch 2: nothing of it is trained.
+    assert state["ranks"][0]["batches"] == state["ranks"][0]["examples"] == 0
 
 
 def test_resume_refuses_an_absurd_step(setup, copied, capsys):
@@ -194,3 +202,25 @@ def test_resume_refuses_a_state_that_is_not_json(copied):
     with pytest.raises(TrainingStateError, match="is not valid JSON") as info:
         read_training_state(out)
     assert str(path) in str(info.value) and FIX in str(info.value)
+
+
+def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):
+    """The run ended at max_epochs = 2. Resuming it with the same max_epochs trained on
+    past it, until patience (thousands of steps here); now nothing is left to train and
+    the message says which override goes on. Resumed with max_epochs = 3 it trains
+    exactly epoch 2, giving the weights of an uninterrupted 3-epoch run (the last
+    state is at the start of epoch 2; it was at the end of epoch 1, and a resume
+    trained epoch 3's order as epoch 2 and skipped one)."""
+    out, _, _ = copied
+    text = resume_fails(setup, out, capsys)
+    assert "at epoch 2" in text and "training.max_epochs is 2: nothing is left to train" in text
+    assert "--training.max_epochs 4" in text
+    run(setup, out, resume=True, **{"training.max_epochs": 3})
+    whole = tmp_path / "whole"
+    run(setup, whole, **{"training.max_epochs": 3})
+    resumed, uninterrupted = read_training_state(out), read_training_state(whole)
+    for key in ("step", "epoch", "words", "results"):
+        assert resumed[key] == uninterrupted[key], key
+    assert resumed["step"] == 8  # epoch 2 is steps 6 to 8
+    a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
+    assert a.to_bytes(exclude=["meta"]) == b.to_bytes(exclude=["meta"])

@@ -216,7 +216,8 @@ def train(
         nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config"])
         msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
         try:
-            check_steps_left(state, nlp.config["training"]["max_steps"])
+            training = nlp.config["training"]
+            check_steps_left(state, training["max_steps"], training["max_epochs"])
         except ValueError as err:
             msg.fail(str(err), exits=1)
     else:

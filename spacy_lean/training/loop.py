@@ -449,15 +449,23 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
 
 
-def check_steps_left(state: Dict[str, Any], max_steps: int) -> None:
+def check_steps_left(state: Dict[str, Any], max_steps: int, max_epochs: int = 0) -> None:
     """Raise ValueError when a saved state has no step left under `max_steps` (0: no
-    limit), saying how to go on."""
+    limit) or `max_epochs` (0 or -1: no limit), saying how to go on."""
     done = int(state["step"])
     if max_steps and done >= max_steps:
         raise ValueError(
             f"The saved state is at step {done}, and this run's training.max_steps is "
             f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
             f"(e.g. --training.max_steps {done + max_steps})."
+        )
+    epoch = int(state["epoch"])
+    if max_epochs > 0 and epoch >= max_epochs:
+        raise ValueError(
+            f"The saved state is at epoch {epoch} (its epochs 0 to {epoch - 1} are "
+            f"trained), and this run's training.max_epochs is {max_epochs}: nothing is "
+            f"left to train. Resume with a larger max_epochs (e.g. --training.max_epochs "
+            f"{epoch + max_epochs})."
         )
 
 
@@ -576,7 +584,7 @@ def train(
     skip_batches = skip_examples = 0
     rank_resume: Optional[Dict[str, Any]] = None
     if resume is not None:
-        check_steps_left(resume, T["max_steps"])
+        check_steps_left(resume, T["max_steps"], T["max_epochs"])
         check_state_against_corpus(resume, batches, ctx)  # before the schedules' replay
         done_step = int(resume["step"])
         step = done_step + 1
@@ -689,10 +697,12 @@ def train(
                 if steps_this_epoch == 0:
                     raise ValueError(Errors.E986)
                 epoch += 1
-                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
-                    break
+                # The next epoch starts (its order drawn) also when it is past
+                # max_epochs: the final checkpoint then resumes at its start.
                 batch_iter = batches.epoch(epoch)
                 steps_this_epoch = 0
+                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
+                    break
                 continue
             steps_this_epoch += 1
             if before_update:
