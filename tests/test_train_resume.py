@@ -1,20 +1,25 @@
 """`spacy lean train --resume` with a saved state it cannot use: a `state.json` edited by
-hand or damaged, a run that ended at its last epoch. Each case is refused before anything is replayed or trained,
+hand or damaged, an `optimizer.npz` that is missing, damaged or hostile, a run that
+ended at its last epoch. Each case is refused before anything is replayed or trained,
 with a message naming the file, the value and what to do. One process, the real CLI
 function, a tiny tok2vec + ner pipeline trained on a generated corpus."""
 
 import contextlib
 import copy
+import os
+import pickle
 import shutil
 import signal
 
+import numpy
 import pytest
 import spacy
 import srsly
 
 from spacy_lean import synthetic
 from spacy_lean.cli.train import train
-from spacy_lean.training.dist import TrainingStateError
+from spacy_lean.training.dist import OPTIMIZER_FILE, TrainingStateError, collect_params
+from spacy_lean.training.dist import load_optimizer
 from spacy_lean.training.loop import MAX_RESUMED_STEP, read_training_state
 
 FIX = "train again without --resume"
@@ -224,3 +229,137 @@ def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):
     assert resumed["step"] == 8  # epoch 2 is steps 6 to 8
     a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
     assert a.to_bytes(exclude=["meta"]) == b.to_bytes(exclude=["meta"])
+
+
+# -- optimizer.npz ------------------------------------------------------------------
+
+
+class _MakesDirectory:
+    """Unpickling this calls os.mkdir: what a pickle inside an .npz could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+@pytest.fixture(scope="module")
+def entries(setup):
+    nlp = spacy.load(setup / "run" / "training-state" / "model")
+    return collect_params(nlp)
+
+
+def _adam():
+    from thinc.api import Adam
+
+    return Adam(0.001)
+
+
+def _rewrite(path, **changes):
+    """The saved archive with some arrays replaced (None: removed)."""
+    with numpy.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    for key, value in changes.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    path.unlink()
+    with path.open("wb") as file_:
+        numpy.savez(file_, **arrays)
+
+
+def test_a_saved_optimizer_state_loads(setup, entries):
+    path = setup / "run" / "training-state" / OPTIMIZER_FILE
+    optimizer = _adam()
+    assert load_optimizer(optimizer, entries, path) == len(entries)
+    assert optimizer.mom1 and optimizer.nr_update
+
+
+def _damage(kind, path, marker):
+    if kind == "missing":
+        path.unlink()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif kind == "text":
+        path.write_text("learn_rate = 0.001\n", encoding="utf8")
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"names": _MakesDirectory(str(marker))}))
+    elif kind == "npy":
+        path.unlink()
+        with path.open("wb") as file_:
+            numpy.save(file_, numpy.zeros(3))
+    elif kind == "no names":
+        _rewrite(path, names=None)
+    elif kind == "names not text":
+        _rewrite(path, names=numpy.arange(3))
+    elif kind == "counts off":
+        _rewrite(path, nr_update=numpy.array([1, 2], dtype="int64"))
+    elif kind == "moment of another size":
+        _rewrite(path, mom1_0=numpy.zeros(3, dtype="float32"))
+    elif kind == "moment not float":
+        with numpy.load(path, allow_pickle=False) as data:
+            shape = data["mom1_0"].shape
+        _rewrite(path, mom1_0=numpy.full(shape, "x"))
+    elif kind == "object array":
+        _rewrite(path, names=numpy.array([_MakesDirectory(str(marker))], dtype=object))
+    else:  # pragma: no cover
+        raise ValueError(kind)
+
+
+DAMAGES = {
+    "missing": "is missing",
+    "empty": "Could not read the optimizer state",
+    "truncated": "Could not read the optimizer state",
+    "text": "Could not read the optimizer state",
+    "pickle": "Could not read the optimizer state",
+    "npy": "is one .npy array, not the .npz archive",
+    "no names": "has no array 'names'",
+    "names not text": "holds 'names' as a 1-d int64 array",
+    "counts off": "parameter names but 2 update counts",
+    "moment of another size": "holds 3 values in 'mom1_0'",
+    "moment not float": "holds 'mom1_0' as a",
+    "object array": "Could not read the array 'names'",
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGES))
+def test_resume_names_an_optimizer_state_it_cannot_use(setup, entries, kind, tmp_path):
+    """Each is refused with the file's name and what to do (it was an unnamed
+    KeyError, zipfile or numpy error, or a crash at the first optimizer step); no
+    pickle is loaded, so nothing in the file runs; the optimizer is left untouched."""
+    path = tmp_path / OPTIMIZER_FILE
+    shutil.copy(setup / "run" / "training-state" / OPTIMIZER_FILE, path)
+    marker = tmp_path / "pickle-ran"
+    _damage(kind, path, marker)
+    optimizer = _adam()
+    with pytest.raises(TrainingStateError) as info:
+        load_optimizer(optimizer, entries, path)
+    text = str(info.value)
+    assert DAMAGES[kind] in text and str(path) in text
+    assert FIX in text or "Resume with the config the run was started with" in text
+    assert not marker.exists()
+    assert not optimizer.mom1 and not optimizer.nr_update
+
+
+def test_the_hostile_npz_would_run_code_if_unpickled(setup, tmp_path):
+    """The check above means something: numpy with allow_pickle=True runs the payload."""
+    path = tmp_path / OPTIMIZER_FILE
+    shutil.copy(setup / "run" / "training-state" / OPTIMIZER_FILE, path)
+    marker = tmp_path / "pickle-ran"
+    _damage("object array", path, marker)
+    with numpy.load(path, allow_pickle=True) as data:
+        data["names"]
+    assert marker.is_dir()
+
+
+def test_resume_says_what_to_do_with_a_truncated_optimizer_state(copied, setup, capsys):
+    out, _, _ = copied
+    path = out / "training-state" / OPTIMIZER_FILE
+    path.write_bytes(path.read_bytes()[:100])
+    text = resume_fails(setup, out, capsys, **{"training.max_epochs": 3})
+    assert f"Could not read the optimizer state {path}" in text and FIX in text
+    assert "Traceback" not in text

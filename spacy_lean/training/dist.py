@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -546,34 +547,106 @@ def save_optimizer(
 
 def load_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> int:
     """Restore what `save_optimizer` wrote into `optimizer`, mapping the stable names
-    to this process's parameter keys. RETURNS the number of parameters restored."""
+    to this process's parameter keys. RETURNS the number of parameters restored.
+
+    RAISES (TrainingStateError): the file is missing, is not an .npz archive of plain
+        arrays (no pickle is ever loaded: an object array is refused unread), or its
+        arrays are not the ones `save_optimizer` writes for these parameters; the
+        message names the file and what to do.
+    """
     path = Path(path)
-    with numpy.load(path, allow_pickle=False) as data:
-        names = [str(n) for n in data["names"]]
-        counts = data["nr_update"]
-        ours = {e.name: e for e in entries}
-        missing = sorted(set(ours) - set(names))
-        if missing:
-            raise ValueError(
-                f"The optimizer state {path} has no entry for {len(missing)} parameters of "
-                f"this pipeline (e.g. {missing[0]!r}): it was saved for another model. "
-                "Resume with the config the run was started with."
-            )
-        restored = 0
-        for i, name in enumerate(names):
-            entry = ours.get(name)
-            if entry is None:
-                continue
-            ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
-            if counts[i]:
-                optimizer.nr_update[entry.key] = int(counts[i])
-            for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
-                if f"{prefix}_{i}" in data.files:
-                    table[entry.key] = ops_array(data[f"{prefix}_{i}"])
-            if f"avg_{i}" in data.files and optimizer.averages is not None:
-                optimizer.averages[entry.key] = ops_array(data[f"avg_{i}"])
-            restored += 1
-    return restored
+    if not path.is_file():
+        raise TrainingStateError(
+            f"The optimizer state {path} is missing: the training state in {path.parent} "
+            f"is incomplete (every checkpoint writes it). {STATE_FIX}"
+        )
+    try:
+        data = numpy.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        raise TrainingStateError(
+            f"Could not read the optimizer state {path} ({type(err).__name__}: {err}): it is "
+            f"truncated, damaged or not the .npz archive `spacy lean train` writes. {STATE_FIX}"
+        ) from err
+    if not isinstance(data, numpy.lib.npyio.NpzFile):
+        raise TrainingStateError(
+            f"The optimizer state {path} is one .npy array, not the .npz archive "
+            f"`spacy lean train` writes. {STATE_FIX}"
+        )
+    with data:
+        return _restore_optimizer(optimizer, entries, path, data)
+
+
+def _optimizer_array(data, path: Path, key: str, kinds: str, ndim: Optional[int] = None):
+    """One array of an optimizer state, checked: of a dtype kind in `kinds` (and of
+    `ndim` dimensions); never unpickled."""
+    try:
+        array = data[key]
+    except KeyError:
+        raise TrainingStateError(
+            f"The optimizer state {path} has no array '{key}': it is not the archive "
+            f"`spacy lean train` writes. {STATE_FIX}"
+        ) from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        # numpy refuses object arrays (pickles) with allow_pickle=False: ValueError.
+        raise TrainingStateError(
+            f"Could not read the array '{key}' of the optimizer state {path} "
+            f"({type(err).__name__}: {err}): the file is damaged, or holds something else "
+            f"than the plain arrays `spacy lean train` writes. {STATE_FIX}"
+        ) from err
+    if array.dtype.kind not in kinds or (ndim is not None and array.ndim != ndim):
+        raise TrainingStateError(
+            f"The optimizer state {path} holds '{key}' as a {array.ndim}-d {array.dtype} "
+            f"array, which `spacy lean train` does not write. {STATE_FIX}"
+        )
+    return array
+
+
+def _restore_optimizer(optimizer, entries: Sequence[ParamEntry], path: Path, data) -> int:
+    names = [str(n) for n in _optimizer_array(data, path, "names", "U", ndim=1)]
+    counts = _optimizer_array(data, path, "nr_update", "iu", ndim=1)
+    if len(counts) != len(names) or (counts < 0).any():
+        raise TrainingStateError(
+            f"The optimizer state {path} holds {len(names)} parameter names but "
+            f"{len(counts)} update counts{' (some negative)' if (counts < 0).any() else ''}: "
+            f"it is damaged. {STATE_FIX}"
+        )
+    ours = {e.name: e for e in entries}
+    missing = sorted(set(ours) - set(names))
+    if missing:
+        raise TrainingStateError(
+            f"The optimizer state {path} has no entry for {len(missing)} parameters of "
+            f"this pipeline (e.g. {missing[0]!r}): it was saved for another model. "
+            "Resume with the config the run was started with."
+        )
+    # Every array is read and checked before the optimizer is changed.
+    restored: List[Tuple[ParamEntry, int, Dict[str, numpy.ndarray]]] = []
+    for i, name in enumerate(names):
+        entry = ours.get(name)
+        if entry is None:
+            continue
+        arrays = {}
+        for prefix in ("mom1", "mom2", "avg"):
+            key = f"{prefix}_{i}"
+            if key in data.files:
+                array = _optimizer_array(data, path, key, "f")
+                if array.size != entry.size:
+                    raise TrainingStateError(
+                        f"The optimizer state {path} holds {array.size} values in '{key}' "
+                        f"for the parameter {name!r} of {entry.size}: it was saved for "
+                        "another model. Resume with the config the run was started with."
+                    )
+                arrays[prefix] = array
+        restored.append((entry, int(counts[i]), arrays))
+    for entry, count, arrays in restored:
+        ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
+        if count:
+            optimizer.nr_update[entry.key] = count
+        for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
+            if prefix in arrays:
+                table[entry.key] = ops_array(arrays[prefix])
+        if "avg" in arrays and optimizer.averages is not None:
+            optimizer.averages[entry.key] = ops_array(arrays["avg"])
+    return len(restored)
 
 
 # -- the local launcher ------------------------------------------------------------
