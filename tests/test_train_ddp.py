@@ -460,6 +460,37 @@ def test_agree_on_overflow_in_one_process_keeps_the_local_flags():
     assert agree_on_overflow(DistContext(), []) == []
 
 
+@pytest.mark.slow
+def test_a_rank_left_without_training_docs_warns_and_the_run_goes_on(tmp_path, tiny_ner_config):
+    """`spacy lean train --nproc 2` on a 1-doc corpus read by spacy-lean.Corpus.v1
+    (share_by = "doc"): rank 1 gets no data. The gradient all-reduce does not hang on
+    it (a rank without a batch sends zeros, see "Uneven shares"): the run trains on rank
+    0's doc and ends normally, and rank 1 now says it has no data and why (it was
+    silent). About 15 s: two fresh processes."""
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 1, seed=51, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=52, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["corpora"]["train"] = {"@readers": "spacy-lean.Corpus.v1", "path": "${paths.train}"}
+    config["training"].update(max_steps=4, eval_frequency=2)
+    config.to_disk(tmp_path / "config.cfg")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [
+        sys.executable, "-m", "spacy", "lean", "train", str(tmp_path / "config.cfg"),
+        "--output", str(tmp_path / "out"), "--nproc", "2", "--timeout", "60",
+        "--paths.train", str(tmp_path / "train.spacy"), "--paths.dev", str(tmp_path / "dev.spacy"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "share_by = 'doc' gives 1 doc(s) for 2 workers: worker 1 gets no data" in text
+    assert str(tmp_path / "train.spacy") in text and "--nproc" in text
+    assert "worker 0 gets no data" not in text
+    state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
+    assert state["step"] == 4 and [r["examples"] for r in state["ranks"]] == [1, 0]
+
+
 def test_dist_backend_is_checked_before_anything_starts(setup, tmp_path):
     proc = run_train(setup, tmp_path / "nccl", "--nproc", "2", "--dist-backend", "nccl")
     out = " ".join((proc.stdout + proc.stderr).split())
