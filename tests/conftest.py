@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny local transformer, a generated NER corpus, a trained
 transformer + ner pipeline. Everything is built locally; nothing is downloaded."""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -8,7 +9,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import spacy  # noqa: E402
-from spacy.tokens import DocBin  # noqa: E402
 from spacy.training import Example  # noqa: E402
 
 from spacy_lean import synthetic  # noqa: E402
@@ -69,6 +69,26 @@ def ner_corpus(tmp_path_factory):
     train = synthetic.write_ner_corpus(root / "train.spacy", 80, seed=2)
     dev = synthetic.write_ner_corpus(root / "dev.spacy", 40, seed=3)
     return {"train": train, "dev": dev, "dir": root}
+
+
+@pytest.fixture(scope="session")
+def tiny_ner_config():
+    """A function that makes a fresh tok2vec + ner config (`spacy init config`, en,
+    efficiency) shrunk so that a training step takes milliseconds: tok2vec width 16,
+    depth 1, hash embeddings of 200/100 rows, ner hidden width 16. No paths are set."""
+
+    def make():
+        from spacy.cli.init_config import init_config
+
+        config = init_config(lang="en", pipeline=["ner"], optimize="efficiency")
+        tok2vec = config["components"]["tok2vec"]["model"]
+        tok2vec["encode"]["width"] = 16
+        tok2vec["encode"]["depth"] = 1
+        tok2vec["embed"]["rows"] = [200, 100, 100, 100]
+        config["components"]["ner"]["model"]["hidden_width"] = 16
+        return config
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -79,7 +79,6 @@ def test_symbolic_link_loops_in_a_corpus_folder_are_refused(tmp_path):
         list_shards(tmp_path)
 
 
-
 def test_max_length_keeps_every_entity_spacy_drops_some(nlp, shard_dir):
     corpus = LeanCorpus(shard_dir, max_length=12)
     examples = list(corpus(nlp))
@@ -350,13 +349,22 @@ def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
     from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
 
     def record(text, label, answer):
-        return {"text": text, "spans": [{"start": 0, "end": 3, "label": label}],
-                "answer": answer, "_input_hash": len(text)}
+        return {
+            "text": text,
+            "spans": [{"start": 0, "end": 3, "label": label}],
+            "answer": answer,
+            "_input_hash": len(text),
+        }
 
-    records = [record("Ada met Bo", "PER", "accept"), record("Oslo is far", "PER", "reject"),
-               record("Kim ran home", "PER", "accept"), record("The end now", "ORG", "ignore"),
-               record("Lea sang loud", "PER", "reject"), record("Max won it", "PER", "accept"),
-               {"text": "no answer key"}]
+    records = [
+        record("Ada met Bo", "PER", "accept"),
+        record("Oslo is far", "PER", "reject"),
+        record("Kim ran home", "PER", "accept"),
+        record("The end now", "ORG", "ignore"),
+        record("Lea sang loud", "PER", "reject"),
+        record("Max won it", "PER", "accept"),
+        {"text": "no answer key"},
+    ]
     path = tmp_path / "prodigy.jsonl"
     srsly.write_jsonl(path, records)
     accepted = ["Ada met Bo", "Kim ran home", "Max won it", "no answer key"]
@@ -583,3 +591,38 @@ def test_compact_chunks_follow_the_workers_share(nlp, shard_dir, monkeypatch):
         shares.append([key(eg) for eg in corpus(nlp)])
         assert shares[-1] == expected
     assert sorted(shares[0] + shares[1]) == sorted(everything)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_share_by_doc_warns_a_worker_left_without_docs(nlp, tmp_path, compact):
+    """share_by = "doc" with fewer docs than workers: doc i of shard s goes to worker
+    (s + i) % n, so with one 1-doc file worker 1 of 2 got nothing, silently (a doc goes
+    whole, with every piece max_length cuts it into). It now warns once, as share_by =
+    "shard" does, naming the corpus, the counts and the fix; worker 0 and workers that
+    get a doc do not warn, nor does an empty corpus."""
+    one = write_shard(tmp_path / "one.spacy", 1, seed=21)
+    left_out = LeanCorpus(one, share_by="doc", instance_rank=1, num_instances=2, compact=compact)
+    with pytest.warns(UserWarning) as record:
+        assert list(left_out(nlp)) == []
+        assert list(left_out(nlp)) == []  # once
+    assert len(record) == 1
+    text = str(record[0].message)
+    assert f"({one})" in text and "1 doc(s) for 2 workers: worker 1 gets no data" in text
+    assert "at least 2 docs" in text and "--nproc" in text
+    # A folder: the files holding the docs are named; two 1-doc files feed 2 workers
+    # ((s + i) % n), not 3.
+    folder = tmp_path / "folder"
+    write_shard(folder / "a.spacy", 1, seed=22)
+    write_shard(folder / "b.spacy", 1, seed=23)
+    with pytest.warns(UserWarning, match=r"2 doc\(s\) in '.*a.spacy', '.*b.spacy' for 3"):
+        list(LeanCorpus(folder, instance_rank=2, num_instances=3, compact=compact)(nlp))
+    with pytest.warns(UserWarning, match=r"1 doc\(s\) \(limit = 1\) in '[^']*a.spacy' for 2"):
+        list(LeanCorpus(folder, limit=1, instance_rank=1, num_instances=2)(nlp))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(LeanCorpus(one, instance_rank=0, num_instances=2, compact=compact)(nlp))
+        for rank in (0, 1):
+            assert list(LeanCorpus(folder, instance_rank=rank, num_instances=2)(nlp))
+        empty = tmp_path / "empty.spacy"
+        DocBin().to_disk(empty)
+        assert list(LeanCorpus(empty, instance_rank=1, num_instances=2)(nlp)) == []

@@ -2,7 +2,6 @@
 
 import pytest
 import spacy
-from spacy.cli.init_config import init_config
 from spacy.cli.train import train
 from thinc.api import Config
 
@@ -36,20 +35,16 @@ max_padding = 1.0
 
 
 @pytest.fixture(scope="module")
-def train_config(tmp_path_factory):
+def train_config(tmp_path_factory, tiny_ner_config):
     root = tmp_path_factory.mktemp("lean_train")
     synthetic.write_ner_corpus(root / "train" / "a.spacy", 12, seed=31)
     synthetic.write_ner_corpus(root / "train" / "b.spacy", 12, seed=32)
     synthetic.write_ner_corpus(root / "dev.spacy", 8, seed=33)
-    config = init_config(lang="en", pipeline=["ner"], optimize="efficiency")
+    config = tiny_ner_config()
     for section in ("corpora.train", "corpora.dev", "training.batcher"):
         parent, child = section.split(".")
         del config[parent][child]
     config = config.merge(Config().from_str(LEAN_SECTIONS, interpolate=False))
-    config["components"]["tok2vec"]["model"]["encode"]["width"] = 16
-    config["components"]["tok2vec"]["model"]["encode"]["depth"] = 1
-    config["components"]["tok2vec"]["model"]["embed"]["rows"] = [200, 100, 100, 100]
-    config["components"]["ner"]["model"]["hidden_width"] = 16
     config["training"]["max_steps"] = 12
     config["training"]["eval_frequency"] = 6
     path = root / "config.cfg"

@@ -1,9 +1,9 @@
 """`spacy_lean.training.loop.train` in one process against spaCy's own loop:
 what `spacy.training.loop.train` does with a config that the lean loop must do too."""
+
 import io
 
 import pytest
-from spacy.cli.init_config import init_config
 from spacy.training.initialize import init_nlp
 from thinc.api import Config
 
@@ -13,17 +13,13 @@ from spacy_lean.training.dist import DistContext
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
+def config(tmp_path_factory, tiny_ner_config):
     root = tmp_path_factory.mktemp("loop_parity")
     train = synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41)
     dev = synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
-    config = init_config(lang="en", pipeline=["ner"], optimize="efficiency")
+    config = tiny_ner_config()
     config["paths"]["train"] = str(train)
     config["paths"]["dev"] = str(dev)
-    config["components"]["tok2vec"]["model"]["encode"]["width"] = 16
-    config["components"]["tok2vec"]["model"]["encode"]["depth"] = 1
-    config["components"]["tok2vec"]["model"]["embed"]["rows"] = [200, 100, 100, 100]
-    config["components"]["ner"]["model"]["hidden_width"] = 16
     config["training"]["max_steps"] = 2
     config["training"]["eval_frequency"] = 1
     return config
@@ -43,5 +39,7 @@ def test_gpu_allocator_is_set_on_a_gpu(config, monkeypatch):
     nlp.config["training"]["gpu_allocator"] = "pytorch"
     seen = []
     monkeypatch.setattr(lean_loop, "set_gpu_allocator", seen.append)
-    lean_loop.train(nlp, None, ctx=DistContext(gpu_id=0), stdout=io.StringIO(), stderr=io.StringIO())
+    lean_loop.train(
+        nlp, None, ctx=DistContext(gpu_id=0), stdout=io.StringIO(), stderr=io.StringIO()
+    )
     assert seen == ["pytorch"]

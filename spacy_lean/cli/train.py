@@ -1,5 +1,6 @@
 """`spacy lean train`: `spacy train`, data-parallel over processes and GPUs
 (torch.distributed), resumable, with out-of-memory-safe updates."""
+
 import contextlib
 import logging
 import os
@@ -27,9 +28,13 @@ def parse_gpu_ids(value: Optional[str]) -> List[int]:
     try:
         ids = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--gpu-ids must be comma-separated integers such as 0,1, got {value!r}.") from None
+        raise ValueError(
+            f"--gpu-ids must be comma-separated integers such as 0,1, got {value!r}."
+        ) from None
     if any(i < 0 for i in ids):
-        raise ValueError(f"--gpu-ids must be >= 0, got {value!r}; use -1 (or leave it out) to train on the CPU.")
+        raise ValueError(
+            f"--gpu-ids must be >= 0, got {value!r}; use -1 (or leave it out) to train on the CPU."
+        )
     return ids
 
 
@@ -177,7 +182,7 @@ def train(
     """
     from spacy.training.initialize import init_nlp
 
-    from ..training.dist import context_from_env
+    from ..training.dist import TrainingStateError, context_from_env
     from ..training.loop import DIR_STATE, check_steps_left, read_training_state
     from ..training.loop import train as train_nlp
 
@@ -211,7 +216,8 @@ def train(
         nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config"])
         msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
         try:
-            check_steps_left(state, nlp.config["training"]["max_steps"])
+            training = nlp.config["training"]
+            check_steps_left(state, training["max_steps"], training["max_epochs"])
         except ValueError as err:
             msg.fail(str(err), exits=1)
     else:
@@ -235,6 +241,8 @@ def train(
             stdout=sys.stdout if dctx.is_main else open(os.devnull, "w"),
             stderr=sys.stderr,
         )
+    except TrainingStateError as err:  # every rank finds it; rank 0 says it
+        msg.fail(str(err), exits=1)
     except Exception as err:
         if dctx.active:
             traceback.print_exc()

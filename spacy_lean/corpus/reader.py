@@ -307,18 +307,56 @@ class LeanCorpus:
             units = [u for u in units if u in plan]
         if self.share_by == "shard":
             rank, size = self.rank_and_size
-            if rank >= len(units) and not self._warned_share:
-                self._warned_share = True
-                warnings.warn(
-                    f"spacy-lean.Corpus.v1 ({self.path}): share_by = 'shard' gives "
-                    f"{len(units)} shard(s) for {size} workers: worker {rank} gets no data. Use "
-                    "share_by = 'doc' (every worker takes its share of the docs of every "
+            if rank >= len(units):
+                self._warn_left_out(
+                    f"{len(units)} shard(s)",
+                    "Use share_by = 'doc' (every worker takes its share of the docs of every "
                     "shard), or write at least as many shards as workers with `python -m "
                     "spacy lean shard`.",
-                    UserWarning,
                 )
             units = split_among(units, rank, size)
         return units
+
+    def _warn_left_out(self, given: str, fix: str) -> None:
+        """Warn once (a UserWarning) that `share_by` leaves this worker without data."""
+        if self._warned_share:
+            return
+        self._warned_share = True
+        rank, size = self.rank_and_size
+        warnings.warn(
+            f"spacy-lean.Corpus.v1 ({self.path}): share_by = '{self.share_by}' gives {given} "
+            f"for {size} workers: worker {rank} gets no data. {fix}",
+            UserWarning,
+        )
+
+    def _check_doc_share(self, pieces: int) -> None:
+        """After a whole pass over the corpus with share_by = 'doc' that gave this
+        worker no piece: warn, with the corpus's doc count, unless it has no docs."""
+        rank, size = self.rank_and_size
+        if pieces or self.share_by != "doc" or size < 2 or self._warned_share:
+            return
+        plan = self._get_limit_plan()
+        # No doc of any shard came here only when each holds fewer docs than workers
+        # (or this worker's are all empty): counting them is cheap.
+        counts = (
+            plan
+            if plan is not None
+            else {i: count_shard_docs(s) for i, s in enumerate(self.shards)}
+        )
+        n_docs = sum(counts.values())
+        if not n_docs:
+            return
+        given = f"{n_docs} doc(s)" + (f" (limit = {self.limit})" if plan is not None else "")
+        if self.path.is_dir():  # the files that hold them
+            files = [f"'{self.shards[i]}'" for i, n in counts.items() if n]
+            more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+            given += f" in {', '.join(files[:3])}{more}"
+        self._warn_left_out(
+            given,
+            "A doc goes to one worker whole (with every piece max_length cuts it into), "
+            f"so each needs docs of its own: give the corpus at least {size} docs (split "
+            "long docs into several), or train on fewer processes (--nproc).",
+        )
 
     def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
         if self.compact:
@@ -370,6 +408,7 @@ class LeanCorpus:
             self.compact = True
         if len(doc_bin):
             chunks.append(doc_bin.to_bytes())
+        self._check_doc_share(stats.pieces)
         self._compact_chunks = chunks
         self._compact_stats = stats
         self._report(stats)
@@ -554,6 +593,8 @@ class CorpusStream:
                             stats.examples += 1
                             self._yielded += 1
                             yield out[1]
+            if self._start is None and not corpus.compact:  # a whole pass: all is counted
+                corpus._check_doc_share(split_stats.pieces)
             self._done = True
             self._pos = (len(order), 0, 0)
         while buffer:

@@ -4,6 +4,7 @@ state on disk (numpy .npz, no pickle) and the local launcher.
 
 One code path for 1 and N processes: with one process the collectives do nothing.
 """
+
 import datetime
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -27,6 +29,19 @@ LAUNCHED_ENV = "SPACY_LEAN_LAUNCHED"
 
 class RankFailedError(RuntimeError):
     """A rank of a data-parallel run died or failed."""
+
+
+class TrainingStateError(ValueError):
+    """A saved training state (`training-state/state.json` or `optimizer.npz`) that a
+    resumed run cannot use: missing, damaged, edited, or not what `spacy lean train`
+    writes. The message names the file, the value and what to do."""
+
+
+# What to do with a training state that cannot be used.
+STATE_FIX = (
+    "Restore training-state/ from a copy of the run, or train again without --resume "
+    "(into another --output folder to keep this one)."
+)
 
 
 @dataclass
@@ -187,7 +202,9 @@ def context_from_env(
     rank = read("RANK", 0)
     local_rank = read("LOCAL_RANK", rank if world > 1 else 0)
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE.")
+        raise ValueError(
+            f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE."
+        )
     gpu_id = gpu_ids[local_rank % len(gpu_ids)] if gpu_ids else -1
     chosen = None if backend == "auto" else backend
     return DistContext(rank, world, local_rank, gpu_id, backend=chosen, timeout_s=timeout_s)
@@ -393,7 +410,10 @@ class GradientReducer:
     """
 
     def __init__(
-        self, ctx: DistContext, entries: Sequence[ParamEntry], bucket_elements: int = DEFAULT_BUCKET_ELEMENTS
+        self,
+        ctx: DistContext,
+        entries: Sequence[ParamEntry],
+        bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
     ):
         self.ctx = ctx
         self.entries = list(entries)
@@ -452,7 +472,9 @@ class GradientReducer:
         import torch.distributed as dist
 
         for bucket in self.buckets:
-            flat = torch.zeros(sum(e.size for e in bucket), dtype=torch.float32, device=self.ctx.device)
+            flat = torch.zeros(
+                sum(e.size for e in bucket), dtype=torch.float32, device=self.ctx.device
+            )
             offset = 0
             for entry in bucket:
                 flat[offset : offset + entry.size].copy_(entry.get_value().reshape(-1))
@@ -487,7 +509,9 @@ class GradientReducer:
 OPTIMIZER_FILE = "optimizer.npz"
 
 
-def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> Dict[str, Any]:
+def save_optimizer(
+    optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]
+) -> Dict[str, Any]:
     """Write the optimizer's per-parameter state (Adam moments, averages, update
     counts) to a .npz file keyed by stable parameter names (arrays only, no pickle).
 
@@ -499,10 +523,16 @@ def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Pa
     for i, entry in enumerate(entries):
         names.append(entry.name)
         counts.append(int(optimizer.nr_update.get(entry.key, 0)))
-        for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2), ("avg", optimizer.averages or {})):
+        for prefix, table in (
+            ("mom1", optimizer.mom1),
+            ("mom2", optimizer.mom2),
+            ("avg", optimizer.averages or {}),
+        ):
             if entry.key in table:
                 value = table[entry.key]
-                arrays[f"{prefix}_{i}"] = value.get() if hasattr(value, "get") else numpy.asarray(value)
+                arrays[f"{prefix}_{i}"] = (
+                    value.get() if hasattr(value, "get") else numpy.asarray(value)
+                )
     arrays["names"] = numpy.array(names, dtype=str)
     arrays["nr_update"] = numpy.array(counts, dtype="int64")
     path = Path(path)
@@ -517,34 +547,106 @@ def save_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Pa
 
 def load_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Path]) -> int:
     """Restore what `save_optimizer` wrote into `optimizer`, mapping the stable names
-    to this process's parameter keys. RETURNS the number of parameters restored."""
+    to this process's parameter keys. RETURNS the number of parameters restored.
+
+    RAISES (TrainingStateError): the file is missing, is not an .npz archive of plain
+        arrays (no pickle is ever loaded: an object array is refused unread), or its
+        arrays are not the ones `save_optimizer` writes for these parameters; the
+        message names the file and what to do.
+    """
     path = Path(path)
-    with numpy.load(path, allow_pickle=False) as data:
-        names = [str(n) for n in data["names"]]
-        counts = data["nr_update"]
-        ours = {e.name: e for e in entries}
-        missing = sorted(set(ours) - set(names))
-        if missing:
-            raise ValueError(
-                f"The optimizer state {path} has no entry for {len(missing)} parameters of "
-                f"this pipeline (e.g. {missing[0]!r}): it was saved for another model. "
-                "Resume with the config the run was started with."
-            )
-        restored = 0
-        for i, name in enumerate(names):
-            entry = ours.get(name)
-            if entry is None:
-                continue
-            ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
-            if counts[i]:
-                optimizer.nr_update[entry.key] = int(counts[i])
-            for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
-                if f"{prefix}_{i}" in data.files:
-                    table[entry.key] = ops_array(data[f"{prefix}_{i}"])
-            if f"avg_{i}" in data.files and optimizer.averages is not None:
-                optimizer.averages[entry.key] = ops_array(data[f"avg_{i}"])
-            restored += 1
-    return restored
+    if not path.is_file():
+        raise TrainingStateError(
+            f"The optimizer state {path} is missing: the training state in {path.parent} "
+            f"is incomplete (every checkpoint writes it). {STATE_FIX}"
+        )
+    try:
+        data = numpy.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        raise TrainingStateError(
+            f"Could not read the optimizer state {path} ({type(err).__name__}: {err}): it is "
+            f"truncated, damaged or not the .npz archive `spacy lean train` writes. {STATE_FIX}"
+        ) from err
+    if not isinstance(data, numpy.lib.npyio.NpzFile):
+        raise TrainingStateError(
+            f"The optimizer state {path} is one .npy array, not the .npz archive "
+            f"`spacy lean train` writes. {STATE_FIX}"
+        )
+    with data:
+        return _restore_optimizer(optimizer, entries, path, data)
+
+
+def _optimizer_array(data, path: Path, key: str, kinds: str, ndim: Optional[int] = None):
+    """One array of an optimizer state, checked: of a dtype kind in `kinds` (and of
+    `ndim` dimensions); never unpickled."""
+    try:
+        array = data[key]
+    except KeyError:
+        raise TrainingStateError(
+            f"The optimizer state {path} has no array '{key}': it is not the archive "
+            f"`spacy lean train` writes. {STATE_FIX}"
+        ) from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        # numpy refuses object arrays (pickles) with allow_pickle=False: ValueError.
+        raise TrainingStateError(
+            f"Could not read the array '{key}' of the optimizer state {path} "
+            f"({type(err).__name__}: {err}): the file is damaged, or holds something else "
+            f"than the plain arrays `spacy lean train` writes. {STATE_FIX}"
+        ) from err
+    if array.dtype.kind not in kinds or (ndim is not None and array.ndim != ndim):
+        raise TrainingStateError(
+            f"The optimizer state {path} holds '{key}' as a {array.ndim}-d {array.dtype} "
+            f"array, which `spacy lean train` does not write. {STATE_FIX}"
+        )
+    return array
+
+
+def _restore_optimizer(optimizer, entries: Sequence[ParamEntry], path: Path, data) -> int:
+    names = [str(n) for n in _optimizer_array(data, path, "names", "U", ndim=1)]
+    counts = _optimizer_array(data, path, "nr_update", "iu", ndim=1)
+    if len(counts) != len(names) or (counts < 0).any():
+        raise TrainingStateError(
+            f"The optimizer state {path} holds {len(names)} parameter names but "
+            f"{len(counts)} update counts{' (some negative)' if (counts < 0).any() else ''}: "
+            f"it is damaged. {STATE_FIX}"
+        )
+    ours = {e.name: e for e in entries}
+    missing = sorted(set(ours) - set(names))
+    if missing:
+        raise TrainingStateError(
+            f"The optimizer state {path} has no entry for {len(missing)} parameters of "
+            f"this pipeline (e.g. {missing[0]!r}): it was saved for another model. "
+            "Resume with the config the run was started with."
+        )
+    # Every array is read and checked before the optimizer is changed.
+    restored: List[Tuple[ParamEntry, int, Dict[str, numpy.ndarray]]] = []
+    for i, name in enumerate(names):
+        entry = ours.get(name)
+        if entry is None:
+            continue
+        arrays = {}
+        for prefix in ("mom1", "mom2", "avg"):
+            key = f"{prefix}_{i}"
+            if key in data.files:
+                array = _optimizer_array(data, path, key, "f")
+                if array.size != entry.size:
+                    raise TrainingStateError(
+                        f"The optimizer state {path} holds {array.size} values in '{key}' "
+                        f"for the parameter {name!r} of {entry.size}: it was saved for "
+                        "another model. Resume with the config the run was started with."
+                    )
+                arrays[prefix] = array
+        restored.append((entry, int(counts[i]), arrays))
+    for entry, count, arrays in restored:
+        ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
+        if count:
+            optimizer.nr_update[entry.key] = count
+        for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
+            if prefix in arrays:
+                table[entry.key] = ops_array(arrays[prefix])
+        if "avg" in arrays and optimizer.averages is not None:
+            optimizer.averages[entry.key] = ops_array(arrays["avg"])
+    return len(restored)
 
 
 # -- the local launcher ------------------------------------------------------------

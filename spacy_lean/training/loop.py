@@ -8,12 +8,14 @@ its optimizer with the same gradients, so all ranks keep identical weights. The 
 set is scored in shares with the streaming evaluator and the score states are merged,
 so the score is the one of a single process. Only rank 0 logs and writes.
 """
+
+import math
 import random
 import shutil
 import sys
 from pathlib import Path
 from timeit import default_timer as timer
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy
 import srsly
@@ -34,9 +36,11 @@ from wasabi import Printer
 
 from .dist import (
     OPTIMIZER_FILE,
+    STATE_FIX,
     DistContext,
     GradientReducer,
     ParamEntry,
+    TrainingStateError,
     agree_on_overflow,
     collect_params,
     grad_scalers,
@@ -47,9 +51,13 @@ from .dist import (
 from .callbacks import get_update_policy
 from .update import UpdatePolicy, lean_update
 
-
 DIR_STATE = "training-state"
+STATE_FILE = "state.json"
 STATE_FORMAT = "spacy-lean.train-state.v1"
+# The highest step a saved state may be at. A resumed run replays the schedules (learn
+# rate, dropout) step by step, about 0.7 microseconds a step: 10**9 steps take some
+# 12 minutes, far more steps than any run makes.
+MAX_RESUMED_STEP = 10**9
 
 
 # -- data: each rank's share ------------------------------------------------------
@@ -111,12 +119,10 @@ class RankBatches:
         rng = getattr(self.batcher, "rng", None)
         self.batcher_rng = _jsonable(rng.getstate()) if isinstance(rng, random.Random) else None
         if self.max_epochs >= 0:
-            if self.examples is None:
-                self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
             # A shuffled copy of the listed order (spaCy shuffles the list in place), so
             # the epoch's order depends only on the random state saved at its start and
             # a resumed run replays it exactly.
-            listed = list(self.examples)
+            listed = list(self._listed())
             random.shuffle(listed)
             examples: Any = iter(listed)
         else:
@@ -137,6 +143,20 @@ class RankBatches:
             self.batches += 1
             self.n_examples += len(batch)
         return self._count(batches)
+
+    def _listed(self) -> List:
+        if self.examples is None:
+            self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
+        return self.examples
+
+    def count_examples(self, limit: int) -> int:
+        """This rank's examples in an epoch, counted up to `limit`: a listed corpus
+        (max_epochs >= 0) is listed now, as its first epoch would list it; a streamed
+        one is read until `limit` examples."""
+        if self.max_epochs >= 0:
+            return min(len(self._listed()), limit)
+        examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself)
+        return sum(1 for _ in zip(range(limit), examples))
 
     def _count(self, batches) -> Iterator[List]:
         for batch in batches:
@@ -164,7 +184,13 @@ def _rng_states() -> Dict[str, Any]:
     np_state = numpy.random.get_state()
     return {
         "random": _jsonable(random.getstate()),
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "numpy": [
+            np_state[0],
+            np_state[1].tolist(),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
         "torch": torch.get_rng_state().tolist(),
     }
 
@@ -181,7 +207,9 @@ def _set_rng_states(states: Dict[str, Any]) -> None:
 # -- evaluation --------------------------------------------------------------------
 
 
-def weighted_score(scores: Dict[str, Any], weights: Dict[str, Optional[float]]) -> Tuple[float, Dict[str, Any]]:
+def weighted_score(
+    scores: Dict[str, Any], weights: Dict[str, Optional[float]]
+) -> Tuple[float, Dict[str, Any]]:
     """The main score as spaCy's training computes it: the weighted sum of the scores
     named in [training.score_weights] (None scores dropped)."""
     scores = {key: value for key, value in scores.items() if value is not None}
@@ -243,31 +271,187 @@ def save_training_state(
 
 
 def read_training_state(output_path: Path) -> Dict[str, Any]:
+    """Read `output_path/training-state/state.json` and check every field against
+    what `spacy lean train` writes (types, ranges, and what the steps allow).
+
+    RAISES (FileNotFoundError): nothing was saved.
+    RAISES (TrainingStateError): a field is not what a run writes; the message names
+        the file, the field, the value and what to do.
+    """
     path = output_path / DIR_STATE
-    file_ = path / "state.json"
+    file_ = path / STATE_FILE
     if not file_.exists():
         raise FileNotFoundError(
             f"Nothing to resume in {output_path}: {file_} does not exist. The state is "
             "written at every evaluation; start without --resume."
         )
-    state = srsly.read_json(file_)
+    try:
+        state = srsly.read_json(file_)
+    except ValueError as err:
+        raise TrainingStateError(f"{file_} is not valid JSON ({err}). {STATE_FIX}") from err
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{file_} is not a spacy-lean training state ({STATE_FORMAT}).")
-    if "step" in state and not (type(state["step"]) is int and state["step"] >= 0):
-        raise ValueError(f"{file_}: step must be a whole number >= 0, got {state['step']!r}.")
-    for i, rank in enumerate(state.get("ranks") or []):
-        rng = rank.get("rng") if isinstance(rank, dict) else None
-        if isinstance(rng, dict) and not _is_numpy_state(rng.get("numpy")):
-            raise ValueError(
-                f"{file_}: the numpy random state of rank {i} is not one numpy.random.get_state() "
-                "writes (MT19937, 624 key words, a position within them). Start without --resume."
-            )
+        raise TrainingStateError(
+            f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
+        )
+    _check_state(state, file_)
     return state
 
 
-def check_steps_left(state: Dict[str, Any], max_steps: int) -> None:
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _is_random_state(value: Any) -> bool:
+    # random.getstate() as JSON: version 3, 624 key words and a position, cached gauss.
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and value[0] == 3
+        and isinstance(value[1], list)
+        and len(value[1]) == 625
+        and all(type(k) is int and 0 <= k < 2**32 for k in value[1])
+        and value[1][-1] <= 624
+        and (value[2] is None or _is_number(value[2]))
+    )
+
+
+def _is_torch_state(value: Any) -> bool:
+    import torch
+
+    return (
+        isinstance(value, list)
+        and len(value) == torch.get_rng_state().numel()
+        and all(type(b) is int and 0 <= b < 256 for b in value)
+    )
+
+
+def _is_learned_limits(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k.isdigit() and int(k) >= 1 and type(v) is int and v >= 1
+        for k, v in value.items()
+    )
+
+
+def _check_state(state: Dict[str, Any], file_: Path) -> None:
+    """Raise TrainingStateError at the first field of `state` that no run writes."""
+
+    def fail(field: str, value: Any, what: str) -> NoReturn:
+        raise TrainingStateError(
+            f"{file_}: {field} must be {what}, got {_shown(value)}. {STATE_FIX}"
+        )
+
+    for key in ("step", "epoch", "results", "words", "seconds", "world_size", "ranks"):
+        if key not in state:
+            raise TrainingStateError(f"{file_} has no '{key}': it is damaged. {STATE_FIX}")
+    step = state["step"]
+    if not _is_count(step):
+        fail("step", step, "a whole number >= 0 (the last step trained)")
+    if step > MAX_RESUMED_STEP:
+        raise TrainingStateError(
+            f"{file_}: step is {step:,}, more steps than any run makes: a resumed run "
+            f"replays the learn-rate and dropout schedules step by step, and at most "
+            f"{MAX_RESUMED_STEP:,} steps are replayed. {STATE_FIX}"
+        )
+    if not (_is_count(state["epoch"]) and state["epoch"] <= step + 1):
+        fail(
+            "epoch",
+            state["epoch"],
+            f"a whole number from 0 to step + 1 = {step + 1} (an epoch takes a step)",
+        )
+    results = state["results"]
+    if not isinstance(results, list):
+        fail("results", results, "a list of [score, step] pairs")
+    for i, pair in enumerate(results):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and _is_number(pair[0])
+            and _is_count(pair[1])
+            and pair[1] <= step
+        ):
+            fail(f"results[{i}]", pair, f"a [score, step] pair with a step from 0 to {step}")
+    if not _is_count(state["words"]):
+        fail("words", state["words"], "a whole number >= 0")
+    if not (_is_number(state["seconds"]) and state["seconds"] >= 0):
+        fail("seconds", state["seconds"], "a number >= 0")
+    world_size = state["world_size"]
+    if not (type(world_size) is int and world_size >= 1):
+        fail("world_size", world_size, "a whole number >= 1 (the ranks of the run)")
+    ranks = state["ranks"]
+    if not (isinstance(ranks, list) and len(ranks) == world_size):
+        fail("ranks", ranks, f"a list of one entry per rank (world_size = {world_size})")
+    for i, rank in enumerate(ranks):
+        where = f"ranks[{i}]"
+        if not isinstance(rank, dict):
+            fail(where, rank, "an object")
+        if not (_is_count(rank.get("batches")) and rank["batches"] <= step + 1):
+            fail(
+                f"{where}.batches",
+                rank.get("batches"),
+                f"a whole number from 0 to step + 1 = {step + 1}",
+            )
+        if not _is_count(rank.get("examples")):
+            fail(f"{where}.examples", rank.get("examples"), "a whole number >= 0")
+        if not _is_count(rank.get("skipped", 0)):
+            fail(f"{where}.skipped", rank.get("skipped"), "a whole number >= 0")
+        if not _is_random_state(rank.get("epoch_random")):
+            fail(
+                f"{where}.epoch_random",
+                rank.get("epoch_random"),
+                "a state random.getstate() writes",
+            )
+        if not (rank.get("batcher_rng") is None or _is_random_state(rank["batcher_rng"])):
+            fail(
+                f"{where}.batcher_rng",
+                rank["batcher_rng"],
+                "null or a state random.getstate() writes",
+            )
+        rng = rank.get("rng")
+        if not isinstance(rng, dict):
+            fail(f"{where}.rng", rng, "an object of random, numpy and torch states")
+        if not _is_numpy_state(rng.get("numpy")):
+            raise TrainingStateError(
+                f"{file_}: the numpy random state of rank {i} is not one "
+                "numpy.random.get_state() writes (MT19937, 624 key words, a position "
+                f"within them). {STATE_FIX}"
+            )
+        if not _is_random_state(rng.get("random")):
+            fail(f"{where}.rng.random", rng.get("random"), "a state random.getstate() writes")
+        if not _is_torch_state(rng.get("torch")):
+            fail(
+                f"{where}.rng.torch",
+                rng.get("torch"),
+                "a state torch.get_rng_state() writes (bytes)",
+            )
+        policy = rank.get("update_policy")
+        if policy is not None and not (
+            isinstance(policy, dict) and _is_learned_limits(policy.get("learned_limits", {}))
+        ):
+            fail(
+                f"{where}.update_policy",
+                policy,
+                "an object whose learned_limits map padded sizes to limits (whole numbers >= 1)",
+            )
+    params = state.get("params", [])
+    if not (isinstance(params, list) and all(isinstance(p, str) for p in params)):
+        fail("params", params, "a list of parameter names")
+    optimizer = state.get("optimizer", {})
+    if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
+        fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
+
+
+def check_steps_left(state: Dict[str, Any], max_steps: int, max_epochs: int = 0) -> None:
     """Raise ValueError when a saved state has no step left under `max_steps` (0: no
-    limit), saying how to go on."""
+    limit) or `max_epochs` (0 or -1: no limit), saying how to go on."""
     done = int(state["step"])
     if max_steps and done >= max_steps:
         raise ValueError(
@@ -275,16 +459,50 @@ def check_steps_left(state: Dict[str, Any], max_steps: int) -> None:
             f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
             f"(e.g. --training.max_steps {done + max_steps})."
         )
+    epoch = int(state["epoch"])
+    if max_epochs > 0 and epoch >= max_epochs:
+        raise ValueError(
+            f"The saved state is at epoch {epoch} (its epochs 0 to {epoch - 1} are "
+            f"trained), and this run's training.max_epochs is {max_epochs}: nothing is "
+            f"left to train. Resume with a larger max_epochs (e.g. --training.max_epochs "
+            f"{epoch + max_epochs})."
+        )
+
+
+def check_state_against_corpus(
+    state: Dict[str, Any], batches: "RankBatches", ctx: DistContext
+) -> None:
+    """Raise TrainingStateError (on every rank) when the saved step is more than the
+    training corpus could have given: every global step trains a batch of at least one
+    example on some rank, so `step + 1` steps in `epoch + 1` epochs need at least
+    `ceil((step + 1) / (epoch + 1))` examples per epoch. Each rank counts its share,
+    reading no further than that."""
+    step, epoch = int(state["step"]), int(state["epoch"])
+    needed = -(-(step + 1) // (epoch + 1))
+    have = int(ctx.all_reduce_sum([batches.count_examples(needed)])[0])
+    if have < needed:
+        file_ = Path(state["path"]) / STATE_FILE if state.get("path") else STATE_FILE
+        raise TrainingStateError(
+            f"{file_}: step {step:,} at epoch {epoch} is more than the training corpus can "
+            f"give: {step + 1:,} steps in {epoch + 1} epoch(s) need at least {needed:,} "
+            f"examples per epoch, and [corpora.train] gives {have:,}. The state was edited "
+            "or damaged, or the corpus changed since it was saved: resume on the corpus "
+            f"the run was trained on. {STATE_FIX}"
+        )
 
 
 def _is_numpy_state(value: Any) -> bool:
     # numpy's legacy `set_state` takes the position unchecked: one outside the key
     # would read other memory. (torch and Python check their generators' states.)
     return (
-        isinstance(value, list) and len(value) == 5 and value[0] == "MT19937"
-        and isinstance(value[1], list) and len(value[1]) == 624
-        and all(type(k) is int and 0 <= k < 2 ** 32 for k in value[1])
-        and type(value[2]) is int and 0 <= value[2] <= 624
+        isinstance(value, list)
+        and len(value) == 5
+        and value[0] == "MT19937"
+        and isinstance(value[1], list)
+        and len(value[1]) == 624
+        and all(type(k) is int and 0 <= k < 2**32 for k in value[1])
+        and type(value[2]) is int
+        and 0 <= value[2] <= 624
     )
 
 
@@ -366,7 +584,8 @@ def train(
     skip_batches = skip_examples = 0
     rank_resume: Optional[Dict[str, Any]] = None
     if resume is not None:
-        check_steps_left(resume, T["max_steps"])
+        check_steps_left(resume, T["max_steps"], T["max_epochs"])
+        check_state_against_corpus(resume, batches, ctx)  # before the schedules' replay
         done_step = int(resume["step"])
         step = done_step + 1
         epoch = int(resume["epoch"])
@@ -478,10 +697,12 @@ def train(
                 if steps_this_epoch == 0:
                     raise ValueError(Errors.E986)
                 epoch += 1
-                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
-                    break
+                # The next epoch starts (its order drawn) also when it is past
+                # max_epochs: the final checkpoint then resumes at its start.
                 batch_iter = batches.epoch(epoch)
                 steps_this_epoch = 0
+                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
+                    break
                 continue
             steps_this_epoch += 1
             if before_update:
@@ -571,6 +792,8 @@ def train(
         nlp.use_params(optimizer.averages)
     if output_path is not None:
         if ctx.is_main:
-            stdout.write(msg.good("Saved pipeline to output directory", output_path / DIR_MODEL_LAST) + "\n")
+            stdout.write(
+                msg.good("Saved pipeline to output directory", output_path / DIR_MODEL_LAST) + "\n"
+            )
         return nlp, output_path / DIR_MODEL_LAST
     return nlp, None

@@ -1,0 +1,365 @@
+"""`spacy lean train --resume` with a saved state it cannot use: a `state.json` edited by
+hand or damaged, an `optimizer.npz` that is missing, damaged or hostile, a run that
+ended at its last epoch. Each case is refused before anything is replayed or trained,
+with a message naming the file, the value and what to do. One process, the real CLI
+function, a tiny tok2vec + ner pipeline trained on a generated corpus."""
+
+import contextlib
+import copy
+import os
+import pickle
+import shutil
+import signal
+
+import numpy
+import pytest
+import spacy
+import srsly
+
+from spacy_lean import synthetic
+from spacy_lean.cli.train import train
+from spacy_lean.training.dist import OPTIMIZER_FILE, TrainingStateError, collect_params
+from spacy_lean.training.dist import load_optimizer
+from spacy_lean.training.loop import MAX_RESUMED_STEP, read_training_state
+
+FIX = "train again without --resume"
+
+
+@contextlib.contextmanager
+def deadline(seconds):
+    """Fail instead of hanging: a resume that replays 10**12 schedule steps ran for days."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_ner_config):
+    """8 training docs, 2 epochs, evaluation every 2 steps, no step limit. The run
+    ends at the end of epoch 1 (step 5) and its last state is at epoch 2."""
+    root = tmp_path_factory.mktemp("resume")
+    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41)
+    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
+    config = tiny_ner_config()
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2)
+    config.to_disk(root / "config.cfg")
+    run(root, root / "run")
+    return root
+
+
+def run(root, output, resume=False, **overrides):
+    with deadline(30):
+        train(root / "config.cfg", output, resume=resume, overrides=overrides)
+
+
+def resume_fails(root, output, capsys, **overrides):
+    """The message of a resume that exits with an error (wasabi wraps long lines)."""
+    with pytest.raises(SystemExit) as info:
+        run(root, output, resume=True, **overrides)
+    assert info.value.code == 1
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.fixture
+def copied(setup, tmp_path):
+    """A copy of the trained run, with its state.json, to damage."""
+    out = tmp_path / "run"
+    shutil.copytree(setup / "run", out)
+    path = out / "training-state" / "state.json"
+    return out, path, srsly.read_json(path)
+
+
+def test_the_run_ends_with_a_state_at_its_last_epoch(setup):
+    state = read_training_state(setup / "run")
+    assert (state["step"], state["epoch"], state["world_size"]) == (5, 2, 1)
+    # The state is at the start of epoch 2: nothing of it is trained.
+    assert state["ranks"][0]["batches"] == state["ranks"][0]["examples"] == 0
+
+
+def test_resume_refuses_an_absurd_step(setup, copied, capsys):
+    """step = 10**12 and no max_steps: the resumed run replayed the schedules 10**12
+    times (days) before training. Refused as it is read, naming the file and value."""
+    out, path, state = copied
+    srsly.write_json(path, dict(state, step=10**12, epoch=0))
+    with pytest.raises(TrainingStateError) as info:
+        read_training_state(out)
+    text = str(info.value)
+    assert str(path) in text and "1,000,000,000,000" in text and FIX in text
+    assert f"at most {MAX_RESUMED_STEP:,}" in text
+    text = resume_fails(setup, out, capsys, **{"training.max_epochs": 0})
+    assert str(path) in text and "1,000,000,000,000" in text and FIX in text
+
+
+def test_resume_refuses_a_step_the_corpus_could_not_give(setup, copied, capsys):
+    """Under the absolute bound, but 10**6 steps in 3 epochs need 333,334 examples an
+    epoch and the corpus has 8: refused before the schedules are replayed, on the CLI
+    with its message and no traceback."""
+    out, path, state = copied
+    srsly.write_json(path, dict(state, step=10**6))
+    assert read_training_state(out)["step"] == 10**6  # only the corpus tells
+    text = resume_fails(setup, out, capsys, **{"training.max_epochs": 0})
+    assert str(path) in text and "step 1,000,000 at epoch 2" in text
+    assert "need at least 333,334 examples per epoch, and [corpora.train] gives 8" in text
+    assert FIX in text
+    # The same with a streamed corpus (max_epochs = -1), read only up to what is needed.
+    text = resume_fails(setup, out, capsys, **{"training.max_epochs": -1})
+    assert "[corpora.train] gives 8" in text
+    assert srsly.read_json(path)["step"] == 10**6  # nothing was trained or saved
+
+
+def _set(state, field, value):
+    state = copy.deepcopy(state)
+    *parents, last = field
+    target = state
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return state
+
+
+BAD_FIELDS = [
+    (("step",), -1, "step must be a whole number >= 0"),
+    (("step",), 2.5, "step must be a whole number >= 0"),
+    (("step",), "7", "step must be a whole number >= 0"),
+    (("step",), None, "step must be a whole number >= 0"),
+    (("step",), True, "step must be a whole number >= 0"),
+    (("step",), KeyError, "has no 'step'"),
+    (("epoch",), -1, "epoch must be a whole number from 0 to step + 1 = 6"),
+    (("epoch",), 7, "epoch must be a whole number from 0 to step + 1 = 6"),
+    (("results",), {"0": 1}, "results must be a list"),
+    (("results", 0), [0.5, 9], "results[0] must be a [score, step] pair with a step from 0 to 5"),
+    (("results", 1), ["0.5", 2], "results[1] must be a [score, step] pair"),
+    (("words",), -3, "words must be a whole number >= 0"),
+    (("seconds",), "12", "seconds must be a number >= 0"),
+    (("seconds",), -1.0, "seconds must be a number >= 0"),
+    (("world_size",), 0, "world_size must be a whole number >= 1"),
+    (("world_size",), 2, "ranks must be a list of one entry per rank (world_size = 2)"),
+    (("ranks",), "rank 0", "ranks must be a list of one entry per rank"),
+    (("ranks", 0), [], "ranks[0] must be an object"),
+    (("ranks", 0, "batches"), 7, "ranks[0].batches must be a whole number from 0 to step + 1"),
+    (("ranks", 0, "batches"), 1.0, "ranks[0].batches must be a whole number"),
+    (("ranks", 0, "examples"), -1, "ranks[0].examples must be a whole number >= 0"),
+    (("ranks", 0, "skipped"), "3", "ranks[0].skipped must be a whole number >= 0"),
+    (("ranks", 0, "epoch_random"), [3, [0] * 10, None], "ranks[0].epoch_random must be a state"),
+    (("ranks", 0, "batcher_rng"), 42, "ranks[0].batcher_rng must be null or a state"),
+    (("ranks", 0, "rng"), None, "ranks[0].rng must be an object"),
+    (("ranks", 0, "rng", "random"), [3, [0] * 624 + [625], None], "ranks[0].rng.random must"),
+    (("ranks", 0, "rng", "torch"), [1, 2, 3], "ranks[0].rng.torch must be a state"),
+    (("ranks", 0, "rng", "torch"), [256] * 5056, "ranks[0].rng.torch must be a state"),
+    (("ranks", 0, "update_policy"), {"learned_limits": {"64": 0}}, "ranks[0].update_policy"),
+    (("ranks", 0, "update_policy"), {"learned_limits": {"x": 8}}, "ranks[0].update_policy"),
+    (("params",), [1, 2], "params must be a list of parameter names"),
+    (("optimizer",), {"learn_rate": "fast"}, "optimizer must be an object of numbers"),
+]
+
+
+@pytest.mark.parametrize("field,value,expected", BAD_FIELDS)
+def test_resume_refuses_fields_no_run_writes(copied, field, value, expected):
+    """Every field of state.json is checked for what a run writes (types, ranges, one
+    rank entry per rank), so that a resumed run fails at once, naming the file and the
+    field, instead of deep in the loop (or not at all)."""
+    out, path, state = copied
+    srsly.write_json(path, _set(state, field, value))
+    with pytest.raises(TrainingStateError) as info:
+        read_training_state(out)
+    assert expected in str(info.value) and str(path) in str(info.value)
+    assert FIX in str(info.value)
+
+
+def test_resume_refuses_a_numpy_random_state_outside_its_key(copied):
+    """numpy's legacy `set_state` takes the position in the 624-word key unchecked: a
+    position outside it reads other memory (far outside: a segfault)."""
+    out, path, state = copied
+    kind, keys, pos, has_gauss, cached = state["ranks"][0]["rng"]["numpy"]
+    for bad in (
+        [kind, keys, 10**8, has_gauss, cached],
+        [kind, keys, -1, has_gauss, cached],
+        [kind, keys, 625, has_gauss, cached],
+        [kind, keys, "1", has_gauss, cached],
+        [kind, keys[:10], pos, has_gauss, cached],
+        [kind, keys[:-1] + [-1], pos, has_gauss, cached],
+        ["PCG64", keys, pos, has_gauss, cached],
+        [kind, keys, pos],
+        "MT19937",
+    ):
+        srsly.write_json(path, _set(state, ("ranks", 0, "rng", "numpy"), bad))
+        with pytest.raises(TrainingStateError, match="numpy random state of rank 0") as info:
+            read_training_state(out)
+        assert str(path) in str(info.value)
+
+
+def test_resume_refuses_a_state_that_is_not_json(copied):
+    out, path, state = copied
+    path.write_text('{"format": "spacy-lean.train-state.v1", "step": 5', encoding="utf8")
+    with pytest.raises(TrainingStateError, match="is not valid JSON") as info:
+        read_training_state(out)
+    assert str(path) in str(info.value) and FIX in str(info.value)
+
+
+def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):
+    """The run ended at max_epochs = 2. Resuming it with the same max_epochs trained on
+    past it, until patience (thousands of steps here); now nothing is left to train and
+    the message says which override goes on. Resumed with max_epochs = 3 it trains
+    exactly epoch 2, giving the weights of an uninterrupted 3-epoch run (the last
+    state is at the start of epoch 2; it was at the end of epoch 1, and a resume
+    trained epoch 3's order as epoch 2 and skipped one)."""
+    out, _, _ = copied
+    text = resume_fails(setup, out, capsys)
+    assert "at epoch 2" in text and "training.max_epochs is 2: nothing is left to train" in text
+    assert "--training.max_epochs 4" in text
+    run(setup, out, resume=True, **{"training.max_epochs": 3})
+    whole = tmp_path / "whole"
+    run(setup, whole, **{"training.max_epochs": 3})
+    resumed, uninterrupted = read_training_state(out), read_training_state(whole)
+    for key in ("step", "epoch", "words", "results"):
+        assert resumed[key] == uninterrupted[key], key
+    assert resumed["step"] == 8  # epoch 2 is steps 6 to 8
+    a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
+    assert a.to_bytes(exclude=["meta"]) == b.to_bytes(exclude=["meta"])
+
+
+# -- optimizer.npz ------------------------------------------------------------------
+
+
+class _MakesDirectory:
+    """Unpickling this calls os.mkdir: what a pickle inside an .npz could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+@pytest.fixture(scope="module")
+def entries(setup):
+    nlp = spacy.load(setup / "run" / "training-state" / "model")
+    return collect_params(nlp)
+
+
+def _adam():
+    from thinc.api import Adam
+
+    return Adam(0.001)
+
+
+def _rewrite(path, **changes):
+    """The saved archive with some arrays replaced (None: removed)."""
+    with numpy.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    for key, value in changes.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    path.unlink()
+    with path.open("wb") as file_:
+        numpy.savez(file_, **arrays)
+
+
+def test_a_saved_optimizer_state_loads(setup, entries):
+    path = setup / "run" / "training-state" / OPTIMIZER_FILE
+    optimizer = _adam()
+    assert load_optimizer(optimizer, entries, path) == len(entries)
+    assert optimizer.mom1 and optimizer.nr_update
+
+
+def _damage(kind, path, marker):
+    if kind == "missing":
+        path.unlink()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif kind == "text":
+        path.write_text("learn_rate = 0.001\n", encoding="utf8")
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps({"names": _MakesDirectory(str(marker))}))
+    elif kind == "npy":
+        path.unlink()
+        with path.open("wb") as file_:
+            numpy.save(file_, numpy.zeros(3))
+    elif kind == "no names":
+        _rewrite(path, names=None)
+    elif kind == "names not text":
+        _rewrite(path, names=numpy.arange(3))
+    elif kind == "counts off":
+        _rewrite(path, nr_update=numpy.array([1, 2], dtype="int64"))
+    elif kind == "moment of another size":
+        _rewrite(path, mom1_0=numpy.zeros(3, dtype="float32"))
+    elif kind == "moment not float":
+        with numpy.load(path, allow_pickle=False) as data:
+            shape = data["mom1_0"].shape
+        _rewrite(path, mom1_0=numpy.full(shape, "x"))
+    elif kind == "object array":
+        _rewrite(path, names=numpy.array([_MakesDirectory(str(marker))], dtype=object))
+    else:  # pragma: no cover
+        raise ValueError(kind)
+
+
+DAMAGES = {
+    "missing": "is missing",
+    "empty": "Could not read the optimizer state",
+    "truncated": "Could not read the optimizer state",
+    "text": "Could not read the optimizer state",
+    "pickle": "Could not read the optimizer state",
+    "npy": "is one .npy array, not the .npz archive",
+    "no names": "has no array 'names'",
+    "names not text": "holds 'names' as a 1-d int64 array",
+    "counts off": "parameter names but 2 update counts",
+    "moment of another size": "holds 3 values in 'mom1_0'",
+    "moment not float": "holds 'mom1_0' as a",
+    "object array": "Could not read the array 'names'",
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGES))
+def test_resume_names_an_optimizer_state_it_cannot_use(setup, entries, kind, tmp_path):
+    """Each is refused with the file's name and what to do (it was an unnamed
+    KeyError, zipfile or numpy error, or a crash at the first optimizer step); no
+    pickle is loaded, so nothing in the file runs; the optimizer is left untouched."""
+    path = tmp_path / OPTIMIZER_FILE
+    shutil.copy(setup / "run" / "training-state" / OPTIMIZER_FILE, path)
+    marker = tmp_path / "pickle-ran"
+    _damage(kind, path, marker)
+    optimizer = _adam()
+    with pytest.raises(TrainingStateError) as info:
+        load_optimizer(optimizer, entries, path)
+    text = str(info.value)
+    assert DAMAGES[kind] in text and str(path) in text
+    assert FIX in text or "Resume with the config the run was started with" in text
+    assert not marker.exists()
+    assert not optimizer.mom1 and not optimizer.nr_update
+
+
+def test_the_hostile_npz_would_run_code_if_unpickled(setup, tmp_path):
+    """The check above means something: numpy with allow_pickle=True runs the payload."""
+    path = tmp_path / OPTIMIZER_FILE
+    shutil.copy(setup / "run" / "training-state" / OPTIMIZER_FILE, path)
+    marker = tmp_path / "pickle-ran"
+    _damage("object array", path, marker)
+    with numpy.load(path, allow_pickle=True) as data:
+        data["names"]
+    assert marker.is_dir()
+
+
+def test_resume_says_what_to_do_with_a_truncated_optimizer_state(copied, setup, capsys):
+    out, _, _ = copied
+    path = out / "training-state" / OPTIMIZER_FILE
+    path.write_bytes(path.read_bytes()[:100])
+    text = resume_fails(setup, out, capsys, **{"training.max_epochs": 3})
+    assert f"Could not read the optimizer state {path}" in text and FIX in text
+    assert "Traceback" not in text
