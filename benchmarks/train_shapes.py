@@ -7,14 +7,16 @@ taken on generated corpora have not always held on real ones. Here the news-like
 re-cut into `eval_shapes.py`'s three shapes (tweets: one sentence of at most 30 tokens
 with a handle and most with a hashtag; conll: "-DOCSTART-" then 1-10 sentences; long:
 8-16 news docs joined, thousands of tokens each), each handed over as one big .spacy file:
-a training corpus of about --tokens tokens at 1x and 16x, a dev set of a third of that at
-1x and 8x (generated from other seeds). Every run is train_memory.py's: a fresh
+a training corpus of about --tokens tokens at 1x and 16x (and 64x, for `spacy lean train`
+alone), a dev set of a third of that at 1x and 8x (generated from other seeds). Every run is train_memory.py's: a fresh
 `python -m spacy train` (stock config `configs/ner_trf_stock.cfg`) or
 `python -m spacy lean train` (lean config `configs/ner_trf.cfg`), the same 2-layer
 64-wide local BERT, 150 steps, a batch of 1,000 words, one evaluation at the end; runs
 alternate stock / lean. Per shape: the 1x pair --repeats times (words/s between the first
 and the last logged evaluation, per wall second, dev F), the 16x corpus and the 8x dev set
-once each (peak RSS growth).
+once each, and lean once on the 64x corpus (peak RSS growth: the lean config's reader holds
+up to 1,000 examples to shuffle and its batcher 2,000 to sort, so its peak may grow until
+the corpus fills both, and should stay flat from there: 16x -> 64x).
 
     nice -n 10 python benchmarks/train_shapes.py               # ~15 min on 2 cores
     python benchmarks/train_shapes.py --quick                  # smoke run, tiny sizes
@@ -45,9 +47,9 @@ def make_data(root: Path, shape: str, tokens: int, quick: bool):
     file each; the 16x corpus starts with the 1x one (same generator and seed)."""
     from spacy.tokens import DocBin
 
-    train_x, dev_x = (1, 16), (1, 8)
+    train_x, dev_x = (1, 16, 64), (1, 8)
     if quick:
-        train_x, dev_x = (1, 2), (1, 2)
+        train_x, dev_x = (1, 2, 4), (1, 2)
     data, info = {}, {}
     for key, n_tokens, seed in [(f"train{f}", tokens * f, 11) for f in train_x] + [
         (f"dev{f}", tokens // 3 * f, 23) for f in dev_x
@@ -85,8 +87,7 @@ def summarize(runs, info):
                     cell["peak_rss_mb_by_dev_size"][r["dev"]] = max(old, r["peak_rss_mb"])
             for what, key in (("train", "peak_rss_mb_by_train_size"), ("dev", "peak_rss_mb_by_dev_size")):
                 sizes = sorted(cell[key], key=lambda k: int(k[len(what):]))
-                if len(sizes) > 1:
-                    first, last = sizes[0], sizes[-1]
+                for first, last in zip(sizes, sizes[1:]):
                     cell[f"rss_growth_{what}_{first[len(what):]}x_to_{last[len(what):]}x"] = round(
                         cell[key][last] / cell[key][first] - 1, 4)
             row[system] = cell
@@ -128,12 +129,15 @@ def main():
                 tmp / f"tiny_bert_{shape}", [d for d in _texts(data["train1"])], vocab_size=1000,
                 hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
             )
-            big_train = max((k for k in data if k.startswith("train")), key=lambda k: int(k[5:]))
+            trains = sorted((k for k in data if k.startswith("train")), key=lambda k: int(k[5:]))
             big_dev = max((k for k in data if k.startswith("dev")), key=lambda k: int(k[3:]))
-            jobs = [("train1", "dev1", rep) for rep in range(args.repeats)]
-            jobs += [(big_train, "dev1", None), ("train1", big_dev, None)]
-            for i, (train_key, dev_key, pair) in enumerate(jobs):
-                for system in SYSTEMS if i % 2 == 0 else SYSTEMS[::-1]:
+            jobs = [("train1", "dev1", rep, SYSTEMS) for rep in range(args.repeats)]
+            jobs += [(trains[1], "dev1", None, SYSTEMS), ("train1", big_dev, None, SYSTEMS)]
+            # The largest corpus: lean once, past its reader's shuffle buffer and its
+            # batcher's window (stock's growth shows at 16x already).
+            jobs += [(trains[2], "dev1", None, ("lean",))]
+            for i, (train_key, dev_key, pair, systems) in enumerate(jobs):
+                for system in systems if i % 2 == 0 else systems[::-1]:
                     run = run_one(system, tmp, data, train_key, dev_key, 0, opts, tag=f"-{shape}-{i}")
                     run.update(shape=shape, pair=pair)
                     runs.append(run)
