@@ -39,6 +39,7 @@ class WorkerSettings:
     batch_size: Optional[int] = None
     window_size: Optional[int] = None
     max_batch_tokens: Optional[int] = None
+    trim_slack_mb: Optional[float] = 0.0
     per_component: bool = False
     scorer_cfg: Optional[Dict[str, Any]] = None
     code_path: Optional[str] = None
@@ -124,6 +125,7 @@ def evaluate_unit(
         batch_size=settings.batch_size,
         window_size=settings.window_size,
         max_batch_tokens=settings.max_batch_tokens,
+        trim_slack_mb=settings.trim_slack_mb,
         per_component=settings.per_component,
         scorer_cfg=settings.scorer_cfg,
         on_oom=lambda failed, new: oom_events.append((failed, new)),
@@ -345,6 +347,7 @@ def evaluate_distributed(
     batch_size: Optional[int] = None,
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
+    trim_slack_mb: Optional[float] = 0.0,
     per_component: bool = False,
     scorer_cfg: Optional[Dict[str, Any]] = None,
     code_path: Optional[Union[str, Path]] = None,
@@ -364,12 +367,17 @@ def evaluate_distributed(
     backend (str): "processes" or "ray".
     max_batch_tokens (Optional[int]): each worker's memory budget per batch in padded
         tokens (docs x longest doc); default the transformer's max_batch_items, else 4096.
+    trim_slack_mb (Optional[float]): each worker's heap trimming: after every batch (0),
+        only past this many MB above its working level, or never (None); see
+        `spacy_lean.evaluate`.
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     import spacy
 
     from .corpus.sources import list_shards
-    from .streaming import make_score_state
+    from .streaming import check_trim_slack_mb, make_score_state
+
+    check_trim_slack_mb(trim_slack_mb)  # here, not in every worker
 
     if isinstance(data, (str, Path)):
         shards = list_shards(data)
@@ -383,6 +391,7 @@ def evaluate_distributed(
         batch_size=batch_size,
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
+        trim_slack_mb=trim_slack_mb,
         per_component=per_component,
         scorer_cfg=scorer_cfg,
         code_path=str(code_path) if code_path else None,

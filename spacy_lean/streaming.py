@@ -11,6 +11,7 @@ the `spacy lean evaluate` command, its checkpoints and its workers.
 import contextlib
 import functools
 import itertools
+import math
 import os
 import random
 import warnings
@@ -192,6 +193,28 @@ def check_max_batch_tokens(value: Any) -> int:
     return value
 
 
+def check_trim_slack_mb(value: Any) -> Optional[float]:
+    """Validate a heap-trimming slack given by a user (see `StreamingEvaluator`).
+
+    RETURNS (Optional[float]): the value; None never trims.
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(
+            f"trim_slack_mb must be a number of MB >= 0, got {value!r}. Use 0 to trim the "
+            "heap after every batch (the default: the lowest peak), e.g. 16 to trim only once "
+            "resident memory has crept 16 MB above its working level (less CPU time), or "
+            "null (None in Python) never to trim."
+        )
+    return value
+
+
 @contextlib.contextmanager
 def _global_rng_untouched() -> Iterator[None]:
     """Leave Python's and numpy's global random states as they were found.
@@ -238,7 +261,7 @@ class StreamingEvaluator:
         state: Any = None,
         on_oom: Optional[Callable[[int, int], None]] = None,
         trim_heap: bool = True,
-        trim_slack_mb: float = 0.0,
+        trim_slack_mb: Optional[float] = 0.0,
         copy_examples: bool = True,
         sort_spans: bool = True,
     ):
@@ -262,12 +285,13 @@ class StreamingEvaluator:
             the OS (`spacy_lean.memory.trim_host_memory`), so resident memory stays flat
             (never trimming, or trimming every 4 batches, let the peak creep up with the
             number of batches: +5-6.5% from 1,200 to 4,800 docs).
-        trim_slack_mb (float): trim only once resident memory has crept more than this
-            many MB above its working level (`spacy_lean.memory.HeapTrimmer`; the level
-            is measured at the batch after each trim). 0 (the default) trims after every
-            batch: the lowest and flattest peak, at the cost of faulting every batch's
-            memory in again. Measured (`benchmarks/eval_heap_trim.py`, 2-layer 64-wide
-            model, one file, 1,200 -> 4,800 docs): after every batch 513 -> 519 MB
+        trim_slack_mb (Optional[float]): trim only once resident memory has crept more
+            than this many MB above its working level (`spacy_lean.memory.HeapTrimmer`;
+            the level is measured at the batch after each trim). 0 (the default) trims
+            after every batch: the lowest and flattest peak, at the cost of faulting every
+            batch's memory in again. None never trims (as `trim_heap=False`). Measured
+            (`benchmarks/eval_heap_trim.py`, 2-layer 64-wide model, one file, 1,200 ->
+            4,800 docs): after every batch 513 -> 519 MB
             (+1.2%); 16 MB 531 -> 540 MB (+1.7%) with 61% fewer page faults and ~10% less
             CPU time at 1,200 docs; 32 MB +3.0%; 64 MB +5.0%; never +4.6%. The slack's
             peak rises with the model: 16 MB raised a 4-layer 256-wide model's from
@@ -305,8 +329,9 @@ class StreamingEvaluator:
             )
         self.state = state
         self.on_oom = on_oom if on_oom is not None else _warn_oom
-        self.trim_heap = trim_heap
-        self._trimmer = HeapTrimmer(trim_slack_mb)
+        check_trim_slack_mb(trim_slack_mb)
+        self.trim_heap = trim_heap and trim_slack_mb is not None
+        self._trimmer = HeapTrimmer(trim_slack_mb or 0.0)
         self.copy_examples = copy_examples
         self.sort_spans = sort_spans
         self._oom_types = cuda_oom_errors()
@@ -472,6 +497,7 @@ def evaluate(
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
     sort_spans: bool = True,
+    trim_slack_mb: Optional[float] = 0.0,
 ) -> Dict[str, Any]:
     """Evaluate a pipeline like `Language.evaluate`, streaming.
 
@@ -495,6 +521,10 @@ def evaluate(
         its batches. Defaults to the transformer's `max_batch_items`, else 4096.
     sort_spans (bool): run the transformer's spans in length-sorted groups (the same
         predictions, less padding computed; see `spacy_lean.trf_batching`).
+    trim_slack_mb (Optional[float]): hand the memory the C heap freed back to the OS
+        after every batch (0, the default: the lowest peak), only once resident memory
+        has crept more than this many MB above its working level (less CPU time, a
+        higher peak), or never (None). The scores are the same (see `StreamingEvaluator`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     from_path = isinstance(examples, (str, Path))
@@ -512,6 +542,7 @@ def evaluate(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
         sort_spans=sort_spans,
+        trim_slack_mb=trim_slack_mb,
         copy_examples=not from_path,  # examples read here are seen by no one else
     )
     return evaluator.run(examples).result()
@@ -526,20 +557,27 @@ def install_streaming_evaluate(
     *,
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
+    trim_slack_mb: Optional[float] = 0.0,
 ) -> Language:
     """Replace `nlp.evaluate` on this instance by the streaming `evaluate`.
 
     nlp (Language): the pipeline; modified in place.
     window_size (Optional[int]): default read-ahead window (see `evaluate`).
     max_batch_tokens (Optional[int]): padded tokens per batch (see `evaluate`).
+    trim_slack_mb (Optional[float]): heap trimming (see `evaluate`).
     RETURNS (Language): the same pipeline.
     """
     if max_batch_tokens is not None:
         check_max_batch_tokens(max_batch_tokens)
+    check_trim_slack_mb(trim_slack_mb)
     # A partial of a module-level function, not a method bound to a local function, so
     # the pipeline still pickles (`nlp.pipe(n_process=2)` where processes are spawned).
     method = functools.partial(
-        evaluate, nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+        evaluate,
+        nlp,
+        window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
+        trim_slack_mb=trim_slack_mb,
     )
     method.__doc__ = evaluate.__doc__
     nlp.evaluate = method  # type: ignore[method-assign]
@@ -552,9 +590,18 @@ def is_streaming(nlp: Language) -> bool:
     return isinstance(method, functools.partial) and method.func is evaluate
 
 
+def streaming_settings(nlp: Language) -> Dict[str, Any]:
+    """The settings `install_streaming_evaluate` gave the pipeline's `nlp.evaluate`
+    (`window_size`, `max_batch_tokens`, `trim_slack_mb`), for a loop that builds its
+    own `StreamingEvaluator`; {} where `nlp.evaluate` is not streaming."""
+    return dict(nlp.__dict__["evaluate"].keywords) if is_streaming(nlp) else {}
+
+
 @registry.callbacks(CALLBACK_NAME)
 def make_streaming_evaluate_v1(
-    window_size: Optional[int] = None, max_batch_tokens: Optional[int] = None
+    window_size: Optional[int] = None,
+    max_batch_tokens: Optional[int] = None,
+    trim_slack_mb: Optional[float] = 0.0,
 ) -> Callable[[Language], Language]:
     """An `[nlp.after_pipeline_creation]` callback that makes `nlp.evaluate` streaming,
     so `spacy train`'s dev evaluation and `spacy evaluate` use bounded memory.
@@ -567,14 +614,21 @@ def make_streaming_evaluate_v1(
         `spacy_lean.evaluate`); null for 8 batches, 0 to keep the input order.
     max_batch_tokens (Optional[int]): padded tokens per batch, the memory budget (see
         `spacy_lean.evaluate`); null for the transformer's `max_batch_items`, else 4096.
+    trim_slack_mb (Optional[float]): hand freed heap memory back to the OS after every
+        batch (0), only past this many MB above the working level, or never (null); see
+        `spacy_lean.evaluate`. The scores are the same.
     RETURNS (Callable[[Language], Language]): the callback.
     """
     if max_batch_tokens is not None:
         check_max_batch_tokens(max_batch_tokens)
+    check_trim_slack_mb(trim_slack_mb)
 
     def after_pipeline_creation(nlp: Language) -> Language:
         return install_streaming_evaluate(
-            nlp, window_size=window_size, max_batch_tokens=max_batch_tokens
+            nlp,
+            window_size=window_size,
+            max_batch_tokens=max_batch_tokens,
+            trim_slack_mb=trim_slack_mb,
         )
 
     return after_pipeline_creation

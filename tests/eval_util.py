@@ -49,3 +49,30 @@ def ruler_patterns():
 def add_ruler(nlp):
     nlp.add_pipe("entity_ruler", config={"overwrite_ents": True}).add_patterns(ruler_patterns())
     return nlp
+
+
+def record_evaluators(monkeypatch):
+    """Every `StreamingEvaluator` built from now on (this process, this test), and the
+    heap trims they ask for counted in place of glibc's `malloc_trim` (so its count is
+    `evaluator._trimmer.n_trims` on any platform).
+
+    RETURNS (list): the evaluators, in the order they were built.
+    """
+    from spacy_lean import memory
+    from spacy_lean.streaming import StreamingEvaluator
+
+    built = []
+    real_init = StreamingEvaluator.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(StreamingEvaluator, "__init__", init)
+    monkeypatch.setattr(memory, "trim_host_memory", lambda: True)
+    return built
+
+
+def trim_policy(evaluator):
+    """(trims at all, slack in MB) of an evaluator."""
+    return evaluator.trim_heap, evaluator._trimmer.slack / 2**20

@@ -13,6 +13,7 @@ from spacy_lean import synthetic
 from spacy_lean.streaming import StreamingEvaluator
 
 from eval_util import add_ruler, as_json, assert_same_scores  # noqa: E402
+from eval_util import record_evaluators, trim_policy  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -299,3 +300,82 @@ def test_component_without_twin_is_named_with_the_fix(shard_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "test_cli_custom_scored" in result.output and "register_twin" in result.output
     assert srsly.read_json(out)["custom_docs"] == 18.0
+
+
+def test_trim_options_reach_the_evaluator_and_keep_the_scores(
+    model_dir, shard_dir, tmp_path, monkeypatch
+):
+    """`--trim-slack-mb N` and `--no-trim-heap` build the evaluator with that heap-trimming
+    policy (the default trims after every batch), with the same scores."""
+    from spacy_lean.memory import resident_bytes
+
+    if resident_bytes() is None:
+        pytest.skip("a slack needs the resident memory (/proc/self/statm)")
+    built = record_evaluators(monkeypatch)
+    runs = {
+        "default": ((), (True, 0), None),
+        "slack": (("--trim-slack-mb", "10000"), (True, 10_000), "crept 10000 MB above"),
+        "never": (("--no-trim-heap",), (False, 0), "Heap trimming off (--no-trim-heap)"),
+    }
+    scores = {}
+    for name, (args, policy, said) in runs.items():
+        out = tmp_path / f"{name}.json"
+        result = lean_evaluate(model_dir, shard_dir, "-b", "4", "-o", out, "--no-progress", *args)
+        assert result.exit_code == 0, result.output
+        evaluator = built[-1]
+        assert trim_policy(evaluator) == policy and evaluator.n_batches > 1
+        assert evaluator._trimmer.n_trims == (evaluator.n_batches if name == "default" else 0)
+        assert said is None or said in " ".join(result.output.split())
+        scores[name] = without_speed(srsly.read_json(out))
+    assert scores["default"]["ents_f"] > 0
+    assert scores["default"] == scores["slack"] == scores["never"]
+    both = lean_evaluate(model_dir, shard_dir, "--no-trim-heap", "--trim-slack-mb", "16", "-b", "8")
+    assert both.exit_code == 0 and "--trim-slack-mb 16 unused" in " ".join(both.output.split())
+    assert trim_policy(built[-1]) == (False, 0)
+
+
+def test_bad_trim_slack_is_refused_with_the_fix(model_dir, shard_dir):
+    for bad, shown in (("-1", "-1"), ("-0.5", "-0.5"), ("nan", "nan"), ("inf", "inf")):
+        result = lean_evaluate(model_dir, shard_dir, "--trim-slack-mb", bad, "--no-progress")
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        text = " ".join(result.output.split())
+        assert f"--trim-slack-mb must be a number of MB >= 0, got {shown}." in text
+        assert "Use 0 to trim the heap after every batch" in text and "--no-trim-heap" in text
+        assert "Traceback" not in result.output
+    result = lean_evaluate(model_dir, shard_dir, "--trim-slack-mb", "lots")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_resumed_run_may_trim_otherwise(model_dir, shard_dir, tmp_path, monkeypatch):
+    """Heap trimming does not change the counts, so the checkpoint does not record it: a
+    run resumed with another `--trim-slack-mb` is accepted, trims by its own setting and
+    ends with the numbers of an uninterrupted run."""
+    from spacy_lean.memory import resident_bytes
+
+    if resident_bytes() is None:
+        pytest.skip("a slack needs the resident memory (/proc/self/statm)")
+    full = tmp_path / "full.json"
+    result = lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress")
+    assert result.exit_code == 0, result.output
+    ckpt = tmp_path / "ckpt.json"
+    real_window = StreamingEvaluator._evaluate_window
+    calls = []
+
+    def interrupted(self, window):
+        calls.append(len(window))
+        if len(calls) == 3:
+            raise KeyboardInterrupt()
+        return real_window(self, window)
+
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", interrupted)
+    args = ["-b", "2", "--checkpoint", ckpt, "--checkpoint-every", "1", "--no-progress"]
+    assert lean_evaluate(model_dir, shard_dir, *args).exit_code == 130
+    assert not srsly.read_json(ckpt)["done"]
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", real_window)
+    built = record_evaluators(monkeypatch)
+    resumed = tmp_path / "resumed.json"
+    result = lean_evaluate(model_dir, shard_dir, *args, "--trim-slack-mb", "10000", "-o", resumed)
+    assert result.exit_code == 0, result.output
+    assert "Resuming from the checkpoint: 4 examples" in result.output
+    assert trim_policy(built[-1]) == (True, 10_000) and built[-1]._trimmer.n_trims == 0
+    assert without_speed(srsly.read_json(resumed)) == without_speed(srsly.read_json(full))

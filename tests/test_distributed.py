@@ -288,3 +288,161 @@ def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tm
     expected = single_process(tmp_path / "model", data)
     expected = srsly.json_loads(srsly.json_dumps(expected))
     assert_same_scores(srsly.read_json(tmp_path / "out.json"), expected)
+
+
+# A --code file that logs, from every process but the test's own, the heap-trimming
+# policy of each evaluator built and each trim asked for (glibc's trim is not run).
+TRIM_LOG_CODE = '''
+import json
+import os
+
+from spacy_lean import memory, streaming
+
+LOG = {log!r}
+MAIN = {main}
+
+
+def log(**entry):
+    if os.getpid() != MAIN:
+        with open(LOG, "a") as f:
+            f.write(json.dumps(dict(entry, pid=os.getpid())) + "\\n")
+
+
+if not getattr(streaming.StreamingEvaluator, "_trim_logged", False):
+    real_init = streaming.StreamingEvaluator.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        log(trim_heap=self.trim_heap, slack_mb=self._trimmer.slack / 2**20)
+
+    def trim():
+        log(trim=True)
+        return True
+
+    streaming.StreamingEvaluator.__init__ = init
+    streaming.StreamingEvaluator._trim_logged = True
+    memory.trim_host_memory = trim
+'''
+
+
+@pytest.fixture
+def trim_log(tmp_path, monkeypatch):
+    """(code file, log path): the code file given to `--code` / `code_path` is also
+    imported here; what it patches is put back after the test."""
+    import os
+
+    from spacy_lean import memory
+    from spacy_lean.streaming import StreamingEvaluator
+
+    monkeypatch.setattr(StreamingEvaluator, "__init__", StreamingEvaluator.__init__)
+    monkeypatch.setattr(StreamingEvaluator, "_trim_logged", False, raising=False)
+    monkeypatch.setattr(memory, "trim_host_memory", memory.trim_host_memory)
+    log = tmp_path / "trims.jsonl"
+    code = tmp_path / "trim_log.py"
+    code.write_text(TRIM_LOG_CODE.format(log=str(log), main=os.getpid()))
+    return code, log
+
+
+def memory_readable():
+    from spacy_lean.memory import resident_bytes
+
+    return resident_bytes() is not None
+
+
+def read_trim_log(log):
+    entries = list(srsly.read_jsonl(log)) if log.exists() else []
+    built = [e for e in entries if "trim_heap" in e]
+    return built, [e for e in entries if e.get("trim")]
+
+
+@pytest.mark.parametrize("option,policy", [("--trim-slack-mb=16", (True, 16)),
+                                           ("--no-trim-heap", (False, 0))])
+def test_cli_passes_the_trim_setting_to_workers(model_dir, shard_dir, tmp_path, monkeypatch,
+                                                option, policy):
+    """What `--workers 2` hands its workers (`WorkerSettings`) builds every unit's
+    evaluator with the command's heap trimming. The units run here, one after the
+    other, through `evaluate_unit`, as a worker process runs them (fast; the real
+    processes: `test_workers_trim_as_the_cli_says`, slow)."""
+    import spacy_lean.distributed as distributed
+
+    def run_here(units, settings, *, on_result, **kwargs):
+        for unit in units:
+            on_result(unit, evaluate_unit(unit, settings))
+
+    monkeypatch.setattr(distributed, "run_units", run_here)
+    built = eval_util.record_evaluators(monkeypatch)
+    out = tmp_path / "scores.json"
+    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "-w", "2", option, "-o", str(out)]
+    result = CliRunner().invoke(app, args + ["--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert len(built) == 3 and all(eval_util.trim_policy(e) == policy for e in built)
+    expected = srsly.json_loads(srsly.json_dumps(single_process(model_dir, shard_dir)))
+    assert_same_scores(srsly.read_json(out), expected)
+
+
+@pytest.mark.slow
+def test_workers_trim_as_the_cli_says(model_dir, shard_dir, tmp_path, trim_log):
+    """`--trim-slack-mb` reaches the evaluator of every worker process (one per shard
+    here), with the scores of one process."""
+    import os
+
+    code, log = trim_log
+    out = tmp_path / "scores.json"
+    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "-w", "2", "--code", str(code)]
+    args += ["--trim-slack-mb", "10000", "-o", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    built, trims = read_trim_log(log)
+    assert len(built) == 3 and os.getpid() not in {e["pid"] for e in built}
+    assert all((e["trim_heap"], e["slack_mb"]) == (True, 10_000) for e in built)
+    if memory_readable():
+        assert not trims  # nothing grows 10 GB
+    expected = srsly.json_loads(srsly.json_dumps(single_process(model_dir, shard_dir)))
+    assert_same_scores(srsly.read_json(out), expected)
+
+
+@pytest.mark.parametrize("slack", [0.0, 16.0, None])
+def test_worker_builds_its_evaluator_with_the_trim_setting(
+    model_dir, shard_dir, slack, monkeypatch
+):
+    """`evaluate_unit` (what process workers and Ray actors run) trims per
+    `WorkerSettings.trim_slack_mb`; the counts are the same."""
+    built = eval_util.record_evaluators(monkeypatch)
+    shard = list_shards(shard_dir)[0]
+    settings = WorkerSettings(model=str(model_dir), batch_size=2, trim_slack_mb=slack)
+    result = evaluate_unit(EvalUnit(0, shard), settings)
+    assert result.n_examples == 6 and built[-1].n_batches == 3
+    assert eval_util.trim_policy(built[-1]) == ((False, 0) if slack is None else (True, slack))
+    if slack == 0:
+        assert built[-1]._trimmer.n_trims == 3
+    baseline = evaluate_unit(EvalUnit(0, shard), WorkerSettings(model=str(model_dir), batch_size=2))
+    counts = [{k: v for k, v in r.state.items() if k != "seconds"} for r in (result, baseline)]
+    assert counts[0] == counts[1]
+
+
+def test_bad_trim_slack_is_refused_before_any_worker_starts(model_dir, shard_dir):
+    with pytest.raises(ValueError, match="trim_slack_mb must be a number of MB >= 0, got -2"):
+        evaluate_distributed(model_dir, shard_dir, workers=2, trim_slack_mb=-2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_ray, reason="needs ray (pip install 'spacy-lean[ray]')")
+def test_ray_actors_trim_as_the_cli_says(model_dir, shard_dir, tmp_path, trim_log):
+    """`--backend ray --no-trim-heap`: every actor's evaluator never trims; the scores
+    are those of one process."""
+    import ray
+
+    code, log = trim_log
+    out = tmp_path / "scores.json"
+    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "-w", "2", "--backend", "ray",
+            "--code", str(code), "--no-trim-heap", "-o", str(out), "--no-progress"]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    built, trims = read_trim_log(log)
+    assert len(built) == 3 and all(not e["trim_heap"] for e in built) and not trims
+    expected = srsly.json_loads(srsly.json_dumps(single_process(model_dir, shard_dir)))
+    assert_same_scores(srsly.read_json(out), expected)

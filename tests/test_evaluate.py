@@ -2,6 +2,7 @@
 out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
 import functools
 import gc
+import re
 import tracemalloc
 import warnings
 
@@ -26,7 +27,7 @@ from spacy_lean.streaming import (
 )
 
 import eval_util  # noqa: E402
-from eval_util import add_ruler  # noqa: E402
+from eval_util import add_ruler, record_evaluators, trim_policy  # noqa: E402
 
 # "speed" is a timing: only checked to be there.
 assert_same_scores = functools.partial(eval_util.assert_same_scores, speed="present")
@@ -512,3 +513,103 @@ def test_heap_is_trimmed_after_every_batch_unless_given_a_slack(trf_ner_nlp, gol
         {k: v for k, v in e.state.result().items() if k != "speed"} for e in (never, every, slack)
     ]
     assert scores[0] == scores[1] == scores[2]
+
+
+def without_speed(scores):
+    return {k: v for k, v in scores.items() if k != "speed"}
+
+
+def needs_resident_memory():
+    from spacy_lean.memory import resident_bytes
+
+    if resident_bytes() is None:
+        pytest.skip("a slack needs the resident memory (/proc/self/statm)")
+
+
+def test_trim_slack_reaches_the_evaluator_from_evaluate_and_the_callback(
+    trf_ner_nlp, gold_docs, monkeypatch
+):
+    """`evaluate(trim_slack_mb=...)` and the callback's `trim_slack_mb` (as a config
+    gives it) build the evaluator with that policy: 0 trims after every batch, a slack
+    only past it, None never; the scores are the same."""
+    from spacy.util import registry
+
+    needs_resident_memory()
+    built = record_evaluators(monkeypatch)
+    nlp = add_ruler(trf_ner_nlp)
+    docs = gold_docs[:16]
+    expected = without_speed(nlp.evaluate(fresh_examples(nlp, docs), batch_size=4))
+    for slack, policy in ((0, (True, 0)), (10_000, (True, 10_000)), (None, (False, 0))):
+        scores = evaluate(nlp, fresh_examples(nlp, docs), batch_size=4, trim_slack_mb=slack)
+        assert without_speed(scores) == expected
+        assert trim_policy(built[-1]) == policy
+        assert built[-1]._trimmer.n_trims == (built[-1].n_batches if slack == 0 else 0)
+        cfg = {"cb": {"@callbacks": CALLBACK_NAME, "trim_slack_mb": slack}}
+        registry.resolve(cfg)["cb"](nlp)
+        assert without_speed(nlp.evaluate(fresh_examples(nlp, docs), batch_size=4)) == expected
+        assert trim_policy(built[-1]) == policy
+    assert built[-1].n_batches > 1
+    # Left out of the config: after every batch, as before the setting existed.
+    registry.resolve({"cb": {"@callbacks": CALLBACK_NAME}})["cb"](nlp)
+    nlp.evaluate(fresh_examples(nlp, docs[:4]))
+    assert trim_policy(built[-1]) == (True, 0)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "16", True])
+def test_bad_trim_slack_is_a_clear_error(trf_ner_nlp, bad):
+    from spacy.util import registry
+
+    from spacy_lean.training.callbacks import make_lean_training_v1
+
+    message = f"trim_slack_mb must be a number of MB >= 0, got {re.escape(repr(bad))}"
+    with pytest.raises(ValueError, match=message) as err:
+        evaluate(trf_ner_nlp, [], trim_slack_mb=bad)
+    assert "0 to trim the heap after every batch" in str(err.value)
+    assert "null (None in Python) never to trim" in str(err.value)
+    for make in (
+        lambda: StreamingEvaluator(trf_ner_nlp, trim_slack_mb=bad),
+        lambda: install_streaming_evaluate(trf_ner_nlp, trim_slack_mb=bad),
+        lambda: make_streaming_evaluate_v1(trim_slack_mb=bad),
+        lambda: make_lean_training_v1(eval_trim_slack_mb=bad),
+    ):
+        with pytest.raises(ValueError, match=message):
+            make()
+    if not isinstance(bad, (str, bool)):  # a config's own types: refused when resolved
+        with pytest.raises(ValueError, match="trim_slack_mb must be"):
+            registry.resolve({"cb": {"@callbacks": CALLBACK_NAME, "trim_slack_mb": bad}})
+
+
+def test_spacy_lean_train_dev_evaluation_takes_the_callbacks_settings(
+    trf_ner_nlp, gold_docs, monkeypatch
+):
+    """The training loop of `spacy lean train` builds its own evaluator: it takes the
+    settings of the streaming evaluation the config's callback installed (either
+    callback), the defaults without one; the dev scores are the same."""
+    from spacy.util import registry
+
+    from spacy_lean.training.dist import DistContext
+    from spacy_lean.training.loop import make_distributed_evaluation
+
+    needs_resident_memory()
+    built = record_evaluators(monkeypatch)
+    nlp = add_ruler(trf_ner_nlp)
+    dev = gold_docs[:12]
+    weights = {"ents_f": 1.0}
+    results = []
+    for callback, policy, window in (
+        (None, (True, 0), True),
+        ({"@callbacks": CALLBACK_NAME, "trim_slack_mb": None, "window_size": 0}, (False, 0), False),
+        ({"@callbacks": "spacy-lean.lean_training.v1", "eval_trim_slack_mb": 10_000},
+         (True, 10_000), True),
+    ):
+        if callback is not None:
+            registry.resolve({"cb": callback})["cb"](nlp)
+        evaluate_dev = make_distributed_evaluation(
+            nlp, lambda nlp: fresh_examples(nlp, dev), weights, DistContext()
+        )
+        score, scores = evaluate_dev()
+        assert trim_policy(built[-1]) == policy and built[-1].sort_window is window
+        assert built[-1]._trimmer.n_trims == (built[-1].n_batches if policy == (True, 0) else 0)
+        results.append((score, without_speed(scores)))
+    assert 0 < results[0][0] < 1
+    assert results[0] == results[1] == results[2]

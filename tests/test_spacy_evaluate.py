@@ -192,6 +192,26 @@ def test_python_function(models, ner_corpus, plain_json, tmp_path, recorded):
     assert stock_module.Corpus is spacy.training.Corpus  # put back
 
 
+@pytest.mark.parametrize("slack,policy", [(16, (True, 16)), (None, (False, 0))])
+def test_callback_trim_setting_reaches_spacy_evaluate(models, ner_corpus, plain_json, tmp_path,
+                                                      recorded, monkeypatch, slack, policy):
+    """A pipeline saved with the callback's `trim_slack_mb` (in its config.cfg) is
+    evaluated by `spacy evaluate` with that heap trimming, to the same scores."""
+    from eval_util import record_evaluators, trim_policy
+
+    nlp = spacy.load(models["plain"])
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME,
+                                                   "trim_slack_mb": slack}
+    nlp.to_disk(tmp_path / "model")
+    saved = (tmp_path / "model" / "config.cfg").read_text()
+    assert f"trim_slack_mb = {'null' if slack is None else slack}" in saved
+    built = record_evaluators(monkeypatch)
+    invoke(app, tmp_path, "evaluate", tmp_path / "model", ner_corpus["dev"], "-o", "scores.json")
+    assert recorded == [{"kept": 0, "streamed": 40}]
+    assert len(built) == 1 and trim_policy(built[0]) == policy and built[0].n_batches >= 1
+    assert SPEED_JSON.sub("", (tmp_path / "scores.json").read_text(encoding="utf8")) == plain_json
+
+
 # A --code file that records what the streaming path kept and streamed, when the
 # command was wrapped (spacy-lean's CLI module was loaded at start-up).
 RECORDER = inspect.getsource(make_recording) + textwrap.dedent('''

@@ -10,7 +10,7 @@ from spacy.util import registry
 from thinc.api import Optimizer
 
 from ..memory import DEFAULT_TRIM_SLACK_MB
-from ..streaming import install_streaming_evaluate
+from ..streaming import check_trim_slack_mb, install_streaming_evaluate
 from .update import UpdatePolicy, lean_update
 
 CALLBACK_NAME = "spacy-lean.lean_training.v1"
@@ -96,6 +96,7 @@ def make_lean_training_v1(
     gradient_checkpointing: bool = False,
     streaming_evaluate: bool = True,
     eval_window_size: Optional[int] = None,
+    eval_trim_slack_mb: Optional[float] = 0.0,
     exact_parser_gradient: bool = True,
     trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB,
     sort_spans: bool = True,
@@ -117,6 +118,9 @@ def make_lean_training_v1(
         backward pass instead of keeping them.
     streaming_evaluate (bool): also make `nlp.evaluate` streaming.
     eval_window_size (Optional[int]): its read-ahead window (see `spacy_lean.evaluate`).
+    eval_trim_slack_mb (Optional[float]): its heap trimming: after every batch (0), only
+        past this many MB above the working level, or never (null); see
+        `spacy_lean.evaluate` (`trim_slack_mb`).
     exact_parser_gradient (bool): drop the batch-dependent term spaCy 3.8's ner/parser
         lower layer adds to its weight gradient, so split batches give the same update.
     trim_heap_slack_mb (Optional[float]): before an update, give the host memory the
@@ -129,6 +133,7 @@ def make_lean_training_v1(
     """
     # Validate the settings when the config is resolved, not at the first batch.
     UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
+    check_trim_slack_mb(eval_trim_slack_mb)
 
     def after_pipeline_creation(nlp: Language) -> Language:
         policy = UpdatePolicy(
@@ -141,7 +146,9 @@ def make_lean_training_v1(
         )
         install_lean_update(nlp, policy)
         if streaming_evaluate:
-            install_streaming_evaluate(nlp, window_size=eval_window_size)
+            install_streaming_evaluate(
+                nlp, window_size=eval_window_size, trim_slack_mb=eval_trim_slack_mb
+            )
         return nlp
 
     return after_pipeline_creation

@@ -225,14 +225,17 @@ def make_distributed_evaluation(
 ) -> Callable[[], Tuple[float, Dict[str, Any]]]:
     """Each rank scores its share of the dev set with the streaming evaluator; the
     states are gathered (as JSON) and merged in rank order on every rank, so every rank
-    gets the single-process scores and can take the same stopping decision."""
+    gets the single-process scores and can take the same stopping decision. The
+    evaluator takes the settings of the config's streaming-evaluation callback
+    (`window_size`, `max_batch_tokens`, `trim_slack_mb`), where it has one."""
     from ..distributed import merge_states
-    from ..streaming import StreamingEvaluator, make_score_state
+    from ..streaming import StreamingEvaluator, make_score_state, streaming_settings
 
     shares_itself = _reader_shares_itself(dev_corpus, ctx, "corpora.dev")
+    settings = streaming_settings(nlp)
 
     def evaluate() -> Tuple[float, Dict[str, Any]]:
-        evaluator = StreamingEvaluator(nlp)
+        evaluator = StreamingEvaluator(nlp, **settings)
         try:
             state = evaluator.run(_share(dev_corpus(nlp), ctx, shares_itself))
         except KeyError as e:
