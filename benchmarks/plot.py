@@ -429,6 +429,10 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
         title = "Peak RSS after the model loaded, 1x, 4x (and lean: 16x) the dev set"
     _bars(axes[0], shapes, peaks, "MB", title, fmt="{:.0f}")
     ratios = {f: [summary[s][f]["wall_ratio_lean_vs_stock"] for s in shapes] for f in ("1x", "4x")}
+    if all("wall_ratio_lean_slack16_vs_stock" in summary[s]["1x"] for s in shapes):
+        for f in ("1x", "4x"):
+            ratios[f"{f}, --trim-slack-mb 16"] = [
+                summary[s][f]["wall_ratio_lean_slack16_vs_stock"] for s in shapes]
     _bars(axes[1], shapes, ratios, "lean / stock", "Wall time, spacy lean evaluate / spacy evaluate",
           fmt="{:.2f}")
     axes[1].axhline(1.0, color="grey", linewidth=0.8)
