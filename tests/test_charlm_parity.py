@@ -117,6 +117,20 @@ def test_vectors_equal_flair_on_gpu(docs, pair, mode):
     assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
 
 
+@pytest.mark.gpu
+def test_vectors_equal_flair_on_gpu_in_chunks(docs):
+    """Chunks of 7 characters on CUDA (the carried state stays on the GPU)."""
+    fw, bw = (lm.to("cuda") for lm in _lms("proj"))
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        vectors, _ = CharLMEmbedder(fw, bw, batch_size=8, max_chunk_chars=7)(docs)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+    reference = numpy.load(DATA / "ref_proj_default.npy")
+    assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
+
+
 def test_plain_mode_ignores_trailing_whitespace_like_flair(docs, sentences):
     """Flair's `to_plain_string()` strips the text's end: a doc whose last token has
     a trailing space gets the vectors of the same doc without it."""

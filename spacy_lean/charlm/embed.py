@@ -41,10 +41,13 @@ if TYPE_CHECKING:  # for the annotation below
 # list or tuple of words.
 WordsInput = Union["spacy.tokens.Doc", Sequence[str]]
 
-# Characters an LM reads in one LSTM call (per text of the LM batch). The peak of a
-# batch is about batch_size x this x the LM's width (x ~5 with the LSTM's gates)
-# instead of batch_size x its longest text x the width; sentences and paragraphs are
-# shorter and run in one call, as without chunking.
+# Characters an LM reads in one LSTM call (per text of its LM batch). Frozen, a batch's
+# peak is then about batch_size x this x the LM's width floats (x ~7 on torch's CPU LSTM,
+# which also holds its gates), not batch_size x its longest text x the width; and no call
+# comes near the length torch's CPU LSTM refuses ("could not create a primitive" from
+# about 2**27 / hidden steps: at hidden 2048 65,000 ran and 65,535 failed). Sentences and
+# paragraphs are shorter and take one call, as without chunks. On one 200,000-character doc, chunks of 256-2048 were ~20% faster than one
+# call and 8192 only 4% (benchmarks/charlm_long_doc.py, docs/charlm.md).
 DEFAULT_MAX_CHUNK_CHARS = 2048
 
 
