@@ -9,6 +9,7 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - reader_memory: peak and held memory, and speed, by reader;
 - charlm_loader_memory: peak and resident memory by LM data loader;
 - charlm_speed: tokens/s and peak memory, Flair vs spacy-lean, by setting;
+- charlm_long_doc: peak memory of one long doc, whole vs in chunks, and seconds by chunk length;
 - train_memory: peak RSS against training-corpus and dev-set size, and words/s, by system;
 - spacy_evaluate_memory: peak RSS of `spacy evaluate` against dev-set size, per arm and layout;
 - train_accuracy: dev F per variant (mean, min-max over seeds, stock's spread shaded) and CPU s per run;
@@ -235,6 +236,41 @@ def plot_charlm_speed(data: Dict[str, Any]) -> plt.Figure:
     _bars(axes[1], groups,
           {s: [r["sides"].get(s, {}).get("peak_rss_increase_mb_median") for r in results]
            for s in sides}, "peak RSS increase (MB)", "Char-LM embedding memory", fmt="{:.0f}")
+    return fig
+
+
+def plot_charlm_long_doc(data: Dict[str, Any]) -> plt.Figure:
+    """Per LM size and doc length: peak RSS increase of the whole-doc LSTM call against
+    the default chunks (and the vectors' own size), "failed" where an arm raised; and the
+    seconds of each chunk length where several were measured."""
+    results = data["results"]
+    if not results:
+        raise SchemaError("results is empty")
+    groups = [f"hidden {r['hidden_size']}\n{r['chars']:,} chars" for r in results]
+    chunked = [next((a for a in r["arms"] if a != "unchunked" and
+                     r["arms"][a]["max_chunk_chars"] == 2048), None) for r in results]
+    sweep = max(results, key=lambda r: len(r["arms"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    series = {
+        "whole doc (max_chunk_chars = null)": [
+            r["arms"]["unchunked"].get("peak_rss_increase_mb_median") for r in results],
+        "chunks of 2048 (default)": [
+            r["arms"][c].get("peak_rss_increase_mb_median") if c else None
+            for r, c in zip(results, chunked)],
+        "the vectors themselves": [r.get("vector_mb") for r in results],
+    }
+    _bars(axes[0], groups, series, "MB", "Peak RSS increase embedding one doc", fmt="{:.0f}")
+    width = 0.8 / len(series)
+    for g, r in enumerate(results):
+        if "error" in r["arms"]["unchunked"]:
+            axes[0].annotate("failed", (g - width, 0), ha="center", va="bottom", fontsize=7,
+                             color="red", rotation=90)
+    arms = [a for a in sweep["arms"] if "seconds_median" in sweep["arms"][a]]
+    labels = ["whole doc" if a == "unchunked" else a.replace("chunked-", "chunks of ")
+              for a in arms]
+    _bars(axes[1], labels, {"seconds (median)": [sweep["arms"][a]["seconds_median"] for a in arms]},
+          "seconds", f"Time, hidden {sweep['hidden_size']}, {sweep['chars']:,} chars, 1 thread",
+          fmt="{:.2f}")
     return fig
 
 
@@ -480,6 +516,7 @@ PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "reader_memory": plot_reader_memory,
     "charlm_loader_memory": plot_charlm_loader_memory,
     "charlm_speed": plot_charlm_speed,
+    "charlm_long_doc": plot_charlm_long_doc,
     "train_memory": plot_train_memory,
     "spacy_evaluate_memory": plot_spacy_evaluate_memory,
     "train_accuracy": plot_train_accuracy,

@@ -3,6 +3,7 @@
 The reference vectors in tests/data/charlm were computed by flair 0.15.1 (see
 scripts/make_flair_reference.py); flair itself is not needed to run these tests.
 """
+
 import json
 from pathlib import Path
 
@@ -23,7 +24,10 @@ MODES = {
     "plain": {"tokenized_lm": False},
 }
 CASES = [("h64", m) for m in ("default", "nows", "lower", "plain")] + [
-    ("proj", "default"), ("proj", "nows"), ("flairwritten", "default")]
+    ("proj", "default"),
+    ("proj", "nows"),
+    ("flairwritten", "default"),
+]
 TOLERANCE = 1e-5
 
 
@@ -49,8 +53,10 @@ def docs(sentences):
 
 
 def _lms(pair):
-    return (CharLM.load(DATA / f"{pair}-forward.pt", has_decoder=False),
-            CharLM.load(DATA / f"{pair}-backward.pt", has_decoder=False))
+    return (
+        CharLM.load(DATA / f"{pair}-forward.pt", has_decoder=False),
+        CharLM.load(DATA / f"{pair}-backward.pt", has_decoder=False),
+    )
 
 
 def test_fixture_sentences_cover_the_tricky_cases(sentences):
@@ -65,12 +71,26 @@ def test_fixture_sentences_cover_the_tricky_cases(sentences):
 @pytest.mark.parametrize("pair,mode", CASES)
 @pytest.mark.parametrize("batch_size,concurrent", [(32, False), (3, True)])
 def test_vectors_equal_flair(docs, pair, mode, batch_size, concurrent):
-    embedder = CharLMEmbedder(*_lms(pair), batch_size=batch_size, concurrent=concurrent,
-                              **MODES[mode])
+    embedder = CharLMEmbedder(
+        *_lms(pair), batch_size=batch_size, concurrent=concurrent, **MODES[mode]
+    )
     vectors, n_tokens = embedder(docs)
     reference = numpy.load(DATA / f"ref_{pair}_{mode}.npy")
     assert n_tokens.tolist() == [len(d) for d in docs]
     assert vectors.shape == reference.shape
+    assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("pair,mode", CASES)
+@pytest.mark.parametrize("max_chunk_chars", [1, 7, 64])
+def test_vectors_equal_flair_when_read_in_chunks(docs, pair, mode, max_chunk_chars):
+    """The sentences (up to 95 LM characters) read in chunks of 1, 7 and 64 characters,
+    the LSTM state carried over: still Flair's vectors."""
+    embedder = CharLMEmbedder(
+        *_lms(pair), batch_size=8, max_chunk_chars=max_chunk_chars, **MODES[mode]
+    )
+    vectors, _ = embedder(docs)
+    reference = numpy.load(DATA / f"ref_{pair}_{mode}.npy")
     assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE
 
 
@@ -97,12 +117,25 @@ def test_vectors_equal_flair_on_gpu(docs, pair, mode):
     assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
 
 
+@pytest.mark.gpu
+def test_vectors_equal_flair_on_gpu_in_chunks(docs):
+    """Chunks of 7 characters on CUDA (the carried state stays on the GPU)."""
+    fw, bw = (lm.to("cuda") for lm in _lms("proj"))
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        vectors, _ = CharLMEmbedder(fw, bw, batch_size=8, max_chunk_chars=7)(docs)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+    reference = numpy.load(DATA / "ref_proj_default.npy")
+    assert float(numpy.abs(vectors.cpu().numpy() - reference).max()) <= TOLERANCE
+
+
 def test_plain_mode_ignores_trailing_whitespace_like_flair(docs, sentences):
     """Flair's `to_plain_string()` strips the text's end: a doc whose last token has
     a trailing space gets the vectors of the same doc without it."""
     vocab = docs[0].vocab
-    trailing = [Doc(vocab, words=s["words"], spaces=s["spaces"][:-1] + [True])
-                for s in sentences]
+    trailing = [Doc(vocab, words=s["words"], spaces=s["spaces"][:-1] + [True]) for s in sentences]
     vectors, _ = CharLMEmbedder(*_lms("h64"), tokenized_lm=False)(trailing)
     reference = numpy.load(DATA / "ref_h64_plain.npy")
     assert float(numpy.abs(vectors.numpy() - reference).max()) <= TOLERANCE

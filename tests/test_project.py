@@ -572,6 +572,21 @@ SAMPLE_RESULTS = {
             "ours": {"tokens_per_s_median": 3000.0, "peak_rss_increase_mb_median": 30.0},
         }} for h in (256, 1024)
     ]},
+    "charlm_long_doc": {"results": [
+        {"hidden_size": 64, "chars": 20000, "vector_mb": 2.0, "arms": {
+            "unchunked": {"max_chunk_chars": None, "seconds_median": 1.0,
+                          "peak_rss_increase_mb_median": 40.0},
+            "chunked-64": {"max_chunk_chars": 64, "seconds_median": 1.1,
+                           "peak_rss_increase_mb_median": 3.0},
+            "chunked-2048": {"max_chunk_chars": 2048, "seconds_median": 0.9,
+                             "peak_rss_increase_mb_median": 10.0},
+        }},
+        {"hidden_size": 1024, "chars": 200000, "vector_mb": 270.0, "arms": {
+            "unchunked": {"max_chunk_chars": None, "error": "could not create a primitive"},
+            "chunked-2048": {"max_chunk_chars": 2048, "seconds_median": 90.0,
+                             "peak_rss_increase_mb_median": 340.0},
+        }},
+    ]},
     # Not a known benchmark: drawn from its named groups of measurements.
     "someone_elses": {"settings": [{"whole": {"spacy_s": 2.0, "lean_s": 1.0},
                                     "parts": {"spacy_s": 1.0, "lean_s": 0.5}}]},

@@ -8,6 +8,7 @@
 Each doc gets a compact copy of just its own rows, so nothing it keeps refers to the
 batch's LM hidden states (or to the other docs of the batch).
 """
+
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Union
 
@@ -20,10 +21,11 @@ from spacy.util import SimpleFrozenList, minibatch
 from thinc.api import Config, Model
 from thinc.types import Floats2d
 
+from .embed import DEFAULT_MAX_CHUNK_CHARS
 from .layer import get_pair
 from .safe_torch import CheckpointError
 
-DEFAULT_CHAR_LM_CONFIG = """
+DEFAULT_CHAR_LM_CONFIG = f"""
 [char_lm]
 store = "tensor"
 
@@ -38,6 +40,7 @@ is_lower = false
 batch_size = 32
 threads = null
 concurrent = false
+max_chunk_chars = {DEFAULT_MAX_CHUNK_CHARS}
 """
 DEFAULT_CHAR_LM_MODEL = Config().from_str(DEFAULT_CHAR_LM_CONFIG)["char_lm"]
 
@@ -139,9 +142,7 @@ class CharLMComponent(Pipe):
         srsly.write_json(path / "cfg", self.cfg)
         self.model.to_disk(path / "model")
 
-    def from_disk(
-        self, path: Union[str, Path], *, exclude=SimpleFrozenList()
-    ) -> "CharLMComponent":
+    def from_disk(self, path: Union[str, Path], *, exclude=SimpleFrozenList()) -> "CharLMComponent":
         path = Path(path)
         if (path / "cfg").exists():
             self.cfg.update(srsly.read_json(path / "cfg"))

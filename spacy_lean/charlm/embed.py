@@ -15,21 +15,40 @@ What makes it fast and lean:
   per batch and written into one compact `[n_tokens, width]` tensor; the batch's
   hidden states are then free (outside of autograd nothing else refers to them);
 - the forward and backward LMs can run at the same time in two threads, and the
-  number of torch threads can be set for the call.
+  number of torch threads can be set for the call;
+- an LM batch longer than `max_chunk_chars` characters is read in time chunks of
+  that length, the LSTM state carried from one chunk to the next (in the LM's
+  reading direction: the backward LM's input is already reversed), so a long doc
+  never has all its characters' hidden states at once; the texts that have ended
+  drop out of the batch at a chunk boundary. Shorter batches take one LSTM call,
+  as before.
 """
+
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy
 import torch
 
 from .model import CharLM
 
+if TYPE_CHECKING:  # for the annotation below
+    import spacy
+
 # A spaCy Doc (anything iterable over tokens with `.text` and `.whitespace_`), or a
 # list or tuple of words.
-WordsInput = Union["spacy.tokens.Doc", Sequence[str]]  # noqa: F821
+WordsInput = Union["spacy.tokens.Doc", Sequence[str]]
+
+# Characters an LM reads in one LSTM call (per text of its LM batch). Frozen, a batch's
+# peak is then about batch_size x this x the LM's width floats (x ~7 on torch's CPU LSTM,
+# which also holds its gates), not batch_size x its longest text x the width; and no call
+# comes near the length torch's CPU LSTM refuses ("could not create a primitive" from
+# about 2**27 / hidden steps: at hidden 2048 65,000 ran and 65,535 failed). Sentences and
+# paragraphs are shorter and take one call, as without chunks. On one 200,000-character doc, chunks of 256-2048 were ~20% faster than one
+# call and 8192 only 4% (benchmarks/charlm_long_doc.py, docs/charlm.md).
+DEFAULT_MAX_CHUNK_CHARS = 2048
 
 
 @dataclass
@@ -65,9 +84,11 @@ def _layout(items: Sequence[WordsInput], tokenized_lm: bool) -> _Texts:
             # Flair's `Sentence.to_plain_string()` strips trailing whitespace: the last
             # token's space (Flair tokens are never whitespace; spaCy's "\n" tokens stay).
             last = len(words) - 1
-            texts.append("".join(
-                w + " " if s and j < last else w for j, (w, s) in enumerate(zip(words, spaces))
-            ))
+            texts.append(
+                "".join(
+                    w + " " if s and j < last else w for j, (w, s) in enumerate(zip(words, spaces))
+                )
+            )
             all_spaces.extend(spaces)
     total = len(all_words)
     lens = numpy.fromiter(map(len, all_words), dtype=numpy.int64, count=total)
@@ -99,6 +120,9 @@ class CharLMEmbedder:
         torch's setting as it is). With `concurrent`, each LM gets half of them.
     concurrent (bool): run the forward and backward LMs at the same time, in two
         Python threads (torch releases the GIL inside its ops).
+    max_chunk_chars (Optional[int]): read LM batches longer than this many characters
+        in chunks of this length, carrying the LSTM state (same vectors, a peak that
+        does not grow with the length of a doc); None: whole batches at once.
     """
 
     def __init__(
@@ -112,6 +136,7 @@ class CharLMEmbedder:
         batch_size: int = 32,
         threads: Optional[int] = None,
         concurrent: bool = False,
+        max_chunk_chars: Optional[int] = DEFAULT_MAX_CHUNK_CHARS,
     ) -> None:
         if forward_lm is None and backward_lm is None:
             raise ValueError("CharLMEmbedder needs a forward LM, a backward LM, or both.")
@@ -126,6 +151,7 @@ class CharLMEmbedder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        check_max_chunk_chars(max_chunk_chars)
         self.lms = [lm for lm in (forward_lm, backward_lm) if lm is not None]
         self.with_whitespace = with_whitespace
         self.tokenized_lm = tokenized_lm
@@ -133,6 +159,7 @@ class CharLMEmbedder:
         self.batch_size = batch_size
         self.threads = threads
         self.concurrent = concurrent
+        self.max_chunk_chars = max_chunk_chars
 
     @property
     def width(self) -> int:
@@ -163,7 +190,7 @@ class CharLMEmbedder:
                 # the result, so the vectors exist once.
                 vectors = param.new_empty((total, sum(widths)))
                 offsets = numpy.cumsum([0] + widths)
-                outs = [vectors[:, offsets[k]:offsets[k + 1]] for k in range(len(widths))]
+                outs = [vectors[:, offsets[k] : offsets[k + 1]] for k in range(len(widths))]
             if self.concurrent and len(self.lms) == 2 and total:
                 errors: List[BaseException] = []
 
@@ -235,7 +262,7 @@ class CharLMEmbedder:
         order = numpy.argsort(-seq_len, kind="stable")
         order = order[layout.n_tokens[order] > 0]
         for b0 in range(0, len(order), self.batch_size):
-            batch = order[b0:b0 + self.batch_size]
+            batch = order[b0 : b0 + self.batch_size]
             b = len(batch)
             lens = seq_len[batch]
             T = int(lens.max())
@@ -245,19 +272,49 @@ class CharLMEmbedder:
             src = numpy.repeat(seq_start[batch], lens) + t
             mat = numpy.full((T, b), pad_id, dtype=numpy.int64)
             mat[t, col] = ids[src]
-            # Rows of this batch's tokens: flat index into the [T * b, H] output, and
-            # where each goes in the result.
+            # This batch's tokens: where each goes in the result, its column and its
+            # position in the LM input.
             ntok = layout.n_tokens[batch]
             tok_col = numpy.repeat(numpy.arange(b), ntok)
             tok_idx = numpy.repeat(tok_first[batch], ntok) + (
                 numpy.arange(int(ntok.sum())) - numpy.repeat(numpy.cumsum(ntok) - ntok, ntok)
             )
-            flat = pos[tok_idx] * b + tok_col
+            tok_pos = pos[tok_idx]
             inp = torch.from_numpy(mat).to(device, non_blocking=True)
-            _, hidden_states, _ = lm(inp, lm.init_hidden(b), decode=False)
-            rows = hidden_states.reshape(T * b, -1).index_select(
-                0, torch.from_numpy(flat).to(device)
-            )
-            del hidden_states
-            out[torch.from_numpy(tok_idx).to(device)] = rows
+            chunk = T if self.max_chunk_chars is None else min(T, self.max_chunk_chars)
+            starts = range(0, T, chunk)
+            if chunk < T:
+                # Tokens in the order of their positions: each chunk's are a slice.
+                by_pos = numpy.argsort(tok_pos, kind="stable")
+                tok_idx, tok_col, tok_pos = tok_idx[by_pos], tok_col[by_pos], tok_pos[by_pos]
+                bounds = numpy.searchsorted(tok_pos, list(starts) + [T]).tolist()
+            else:
+                bounds = [0, len(tok_pos)]
+            hidden = lm.init_hidden(b)
+            for k, t0 in enumerate(starts):
+                # The batch's texts are sorted longest first, so the ones still being
+                # read at t0 are its first `active` columns; the others (all padding
+                # from here on) leave the batch.
+                active = int(numpy.count_nonzero(lens > t0))
+                if active < hidden[0].shape[1]:
+                    hidden = tuple(h[:, :active].contiguous() for h in hidden)
+                _, states, hidden = lm(inp[t0 : t0 + chunk, :active], hidden, decode=False)
+                lo, hi = bounds[k], bounds[k + 1]
+                rows = None
+                if hi > lo:
+                    # The chunk's token rows: one gather from its [len * active, H]
+                    # output, which is then freed before the next chunk runs.
+                    flat = (tok_pos[lo:hi] - t0) * active + tok_col[lo:hi]
+                    rows = states.reshape(-1, states.shape[-1]).index_select(
+                        0, torch.from_numpy(flat).to(device)
+                    )
+                del states
+                if rows is not None:
+                    out[torch.from_numpy(tok_idx[lo:hi]).to(device)] = rows
         return out
+
+
+def check_max_chunk_chars(value: Optional[int]) -> None:
+    """`max_chunk_chars` must be a positive int or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"max_chunk_chars must be an int >= 1 or None, got {value!r}")

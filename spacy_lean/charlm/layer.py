@@ -27,7 +27,14 @@ Frozen (the default), the LMs run in eval mode without autograd, also during
 training; each LM batch's hidden states are freed as soon as the token rows are
 gathered. With `fine_tune = true` the LMs train with the rest of the model (thinc's
 optimizer updates them through the wrapper), with LM dropout, as Flair does.
+
+Texts longer than `max_chunk_chars` are read in chunks with the LSTM state carried
+over (the same vectors): frozen, the peak is then one chunk's hidden states per LM
+batch, however long a doc. Fine-tuned, autograd keeps what every chunk needs for
+the backward pass, so chunking does not lower that peak (the gradients are the
+same; LM dropout draws its masks chunk by chunk).
 """
+
 from typing import Callable, List, Optional, Tuple
 
 import numpy
@@ -38,7 +45,7 @@ from spacy.util import registry
 from thinc.api import ArgsKwargs, Model, PyTorchWrapper_v3, torch2xp, xp2torch
 from thinc.types import Floats2d
 
-from .embed import CharLMEmbedder
+from .embed import DEFAULT_MAX_CHUNK_CHARS, CharLMEmbedder, check_max_chunk_chars
 from .model import CharLM
 
 InT = List[Doc]
@@ -90,10 +97,12 @@ class CharLMPair(torch.nn.Module):
 
     def to_bytes(self) -> bytes:
         """Both LMs as Flair checkpoints, without decoders."""
-        return srsly.msgpack_dumps({
-            "forward": self.forward_lm.to_bytes() if self.forward_lm is not None else None,
-            "backward": self.backward_lm.to_bytes() if self.backward_lm is not None else None,
-        })
+        return srsly.msgpack_dumps(
+            {
+                "forward": self.forward_lm.to_bytes() if self.forward_lm is not None else None,
+                "backward": self.backward_lm.to_bytes() if self.backward_lm is not None else None,
+            }
+        )
 
     def with_lms_from_bytes(self, data: bytes, device: Optional[torch.device]) -> "CharLMPair":
         msg = srsly.msgpack_loads(data)
@@ -105,15 +114,19 @@ class CharLMPair(torch.nn.Module):
                 "(a map of 'forward'/'backward' to checkpoint bytes)."
             )
         lms = [
-            CharLM.from_bytes(
-                msg[key], map_location=device or "cpu", has_decoder=False,
-                name=f"the {key} character LM in the pipeline's CharLMEmbed weights",
+            (
+                CharLM.from_bytes(
+                    msg[key],
+                    map_location=device or "cpu",
+                    has_decoder=False,
+                    name=f"the {key} character LM in the pipeline's CharLMEmbed weights",
+                )
+                if msg.get(key) is not None
+                else None
             )
-            if msg.get(key) is not None else None
             for key in ("forward", "backward")
         ]
-        pair = CharLMPair(*lms, fine_tune=self.fine_tune,
-                          embedder_settings=self.embedder_settings)
+        pair = CharLMPair(*lms, fine_tune=self.fine_tune, embedder_settings=self.embedder_settings)
         return pair.to(device) if device is not None else pair
 
 
@@ -153,6 +166,7 @@ def build_charlm_embed_v1(
     batch_size: int = 32,
     threads: Optional[int] = None,
     concurrent: bool = False,
+    max_chunk_chars: Optional[int] = DEFAULT_MAX_CHUNK_CHARS,
 ) -> Model[InT, OutT]:
     """Contextual string embeddings (Flair-style) from a forward and/or backward
     character LM. A token's vector is the forward LM's output after the token
@@ -169,14 +183,24 @@ def build_charlm_embed_v1(
     batch_size (int): texts per LM batch.
     threads (Optional[int]): torch threads during a call (None: torch's setting).
     concurrent (bool): run the two LMs side by side in two threads.
+    max_chunk_chars (Optional[int]): characters an LM reads in one LSTM call; longer
+        texts are read in chunks, the state carried (same vectors, a peak memory that
+        does not grow with a doc's length). None: each LM batch in one call.
     RETURNS (Model[List[Doc], List[Floats2d]]): the layer; `nO` is known after
         initialization (the sum of the LMs' output sizes).
     """
-    settings = dict(with_whitespace=with_whitespace, tokenized_lm=tokenized_lm,
-                    is_lower=is_lower, batch_size=batch_size, threads=threads,
-                    concurrent=concurrent)
+    settings = dict(
+        with_whitespace=with_whitespace,
+        tokenized_lm=tokenized_lm,
+        is_lower=is_lower,
+        batch_size=batch_size,
+        threads=threads,
+        concurrent=concurrent,
+        max_chunk_chars=max_chunk_chars,
+    )
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_max_chunk_chars(max_chunk_chars)
     wrapper = PyTorchWrapper_v3(
         CharLMPair(fine_tune=fine_tune, embedder_settings=settings),
         convert_inputs=_convert_inputs,
