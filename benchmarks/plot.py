@@ -464,6 +464,9 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
                 peaks[f"{arm}, 16x"] = [summary[s]["16x"][arm]["peak_rss_after_load_mb"] for s in shapes]
         title = "Peak RSS after the model loaded, 1x, 4x (and lean: 16x) the dev set"
     _bars(axes[0], shapes, peaks, "MB", title, fmt="{:.0f}")
+    top = max(v for values in peaks.values() for v in values if v is not None)
+    axes[0].set_ylim(0, top * 1.45)
+    axes[0].legend(fontsize=6.5, ncol=2, loc="upper right")
     ratios = {f: [summary[s][f]["wall_ratio_lean_vs_stock"] for s in shapes] for f in ("1x", "4x")}
     if all("wall_ratio_lean_slack16_vs_stock" in summary[s]["1x"] for s in shapes):
         for f in ("1x", "4x"):
@@ -495,6 +498,9 @@ def plot_train_shapes(data: Dict[str, Any]) -> plt.Figure:
                 peaks[name] = [summary[s][system][key].get(size) for s in shapes]
     _bars(axes[0], shapes, peaks, "MB", "Peak RSS of the training command (1x corpus and dev unless named)",
           fmt="{:.0f}")
+    top = max(v for values in peaks.values() for v in values if v is not None)
+    axes[0].set_ylim(0, top * 1.35)
+    axes[0].legend(fontsize=7, ncol=4, loc="upper center")
     ratios = {"words/s": [summary[s].get("lean_vs_stock_words_per_s_median") for s in shapes],
               "words per wall s": [summary[s].get("lean_vs_stock_words_per_wall_s") for s in shapes]}
     _bars(axes[1], shapes, ratios, "lean / stock", "Training speed, spacy lean train / spacy train",

@@ -66,7 +66,8 @@ def summarize(runs, info):
     for shape in sorted({r["shape"] for r in runs}):
         row = {"data": info.get(shape, {})}
         for system in SYSTEMS:
-            mine = [r for r in runs if r["shape"] == shape and r["system"] == system]
+            mine = [r for r in runs if r["shape"] == shape and r["system"] == system
+                    and not r.get("bounded")]
             base = [r for r in mine if r["train"] == "train1" and r["dev"] == "dev1"]
             if not base:
                 continue
@@ -91,6 +92,13 @@ def summarize(runs, info):
                     cell[f"rss_growth_{what}_{first[len(what):]}x_to_{last[len(what):]}x"] = round(
                         cell[key][last] / cell[key][first] - 1, 4)
             row[system] = cell
+        bounded = {r["train"]: r["peak_rss_mb"] for r in runs if r["shape"] == shape and r.get("bounded")}
+        if bounded:
+            sizes = sorted(bounded, key=lambda k: int(k[5:]))
+            row["lean_bounds100"] = {"peak_rss_mb_by_train_size": bounded}
+            for first, last in zip(sizes, sizes[1:]):
+                row["lean_bounds100"][f"rss_growth_train_{first[5:]}x_to_{last[5:]}x"] = round(
+                    bounded[last] / bounded[first] - 1, 4)
         if "stock" in row and "lean" in row:
             pairs = [
                 a["words_per_s"] / b["words_per_s"]
@@ -113,6 +121,10 @@ def main():
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--bounded", action="store_true",
+                        help="run only lean with the reader's shuffle_buffer and the batcher's window set to "
+                        "100 (below every 1x corpus) on the 1x, 16x and 64x corpora, merged into --output: "
+                        "the peak's growth with the corpus once both bounds hold from the start")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -120,11 +132,17 @@ def main():
     from spacy_lean import synthetic
 
     runs, info = [], {}
+    if args.bounded:  # keep the earlier runs and data of --output, but their bounded ones
+        old = json.loads(args.output.read_text())
+        runs = [r for r in old["runs"] if not r.get("bounded")]
+        info = {shape: row.get("data", {}) for shape, row in old["summary"].items()}
     opts = SimpleNamespace(steps=args.steps, batch_size=args.batch_size, threads=args.threads, gpu_id=-1)
     with tempfile.TemporaryDirectory(prefix="train_shapes_") as tmp_name:
         tmp = Path(tmp_name)
         for shape in args.shapes:
-            data, info[shape] = make_data(tmp, shape, args.tokens, args.quick)
+            data, shape_info = make_data(tmp, shape, args.tokens, args.quick)
+            if not args.bounded:
+                info[shape] = shape_info
             data["transformer"] = synthetic.make_tiny_transformer(
                 tmp / f"tiny_bert_{shape}", [d for d in _texts(data["train1"])], vocab_size=1000,
                 hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
@@ -136,10 +154,15 @@ def main():
             # The largest corpus: lean once, past its reader's shuffle buffer and its
             # batcher's window (stock's growth shows at 16x already).
             jobs += [(trains[2], "dev1", None, ("lean",))]
+            tag = ""
+            if args.bounded:
+                jobs = [(train_key, "dev1", None, ("lean",)) for train_key in trains]
+                tag = "-w100"  # train_memory.run_one: shuffle_buffer and window 100
             for i, (train_key, dev_key, pair, systems) in enumerate(jobs):
                 for system in systems if i % 2 == 0 else systems[::-1]:
-                    run = run_one(system, tmp, data, train_key, dev_key, 0, opts, tag=f"-{shape}-{i}")
-                    run.update(shape=shape, pair=pair)
+                    run = run_one(system, tmp, data, train_key, dev_key, 0, opts,
+                                  tag=f"{tag}-{shape}-{i}")
+                    run.update(shape=shape, pair=pair, bounded=bool(tag))
                     runs.append(run)
                     print(json.dumps(run), flush=True)
                     save(args, runs, info)
@@ -156,7 +179,8 @@ def _texts(path: Path):
 def save(args, runs, info):
     result = {
         "benchmark": "train_shapes",
-        "command": "nice -n 10 python benchmarks/train_shapes.py" + (" --quick" if args.quick else ""),
+        "command": "nice -n 10 python benchmarks/train_shapes.py" + (" --quick" if args.quick else "")
+        + (" (then --bounded)" if args.bounded else ""),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "loadavg_end": os.getloadavg()},

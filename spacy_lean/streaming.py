@@ -284,7 +284,7 @@ class StreamingEvaluator:
         trim_heap (bool): after each batch, give the memory the C heap freed back to
             the OS (`spacy_lean.memory.trim_host_memory`), so resident memory stays flat
             (never trimming, or trimming every 4 batches, let the peak creep up with the
-            number of batches: +5-6.5% from 1,200 to 4,800 docs).
+            number of batches: +4.6% and +5.8% from 1,200 to 4,800 docs).
         trim_slack_mb (Optional[float]): trim only once resident memory has crept more
             than this many MB above its working level (`spacy_lean.memory.HeapTrimmer`;
             the level is measured at the batch after each trim). 0 (the default) trims
@@ -295,7 +295,7 @@ class StreamingEvaluator:
             (+1.2%); 16 MB 531 -> 540 MB (+1.7%) with 61% fewer page faults and ~10% less
             CPU time at 1,200 docs; 32 MB +3.0%; 64 MB +5.0%; never +4.6%. The slack's
             peak rises with the model: 16 MB raised a 4-layer 256-wide model's from
-            632 to 700 MB (`benchmarks/eval_memory.py`), the batches' freed pages held
+            632 to 689-700 MB (`benchmarks/eval_memory.py`), the batches' freed pages held
             fragmented between trims.
         copy_examples (bool): pipe copies of the predicted docs, as `Language.evaluate`
             does, so the caller's examples are left untouched. False saves a copy per
@@ -731,7 +731,8 @@ class EvalCheckpoint:
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
             ("another scorer configuration", "scorer", state_fingerprint),
-            ("another number of workers", "layout", self.layout),
+            ("another layout of the work (one process against --workers, or the data cut "
+             "into other work units)", "layout", self.layout),
         ):
             if data.get(key) != value:
                 raise CheckpointMismatchError(

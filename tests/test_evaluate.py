@@ -315,6 +315,11 @@ def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
         EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="x").load(nlp, state.fingerprint)
     with pytest.raises(CheckpointMismatchError, match="scorer"):
         EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "other")
+    # One process against work units: named as a layout, not as a number of workers.
+    with pytest.raises(CheckpointMismatchError, match="another layout of the work"):
+        EvalCheckpoint(
+            tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d", layout="units:2"
+        ).load(nlp, state.fingerprint)
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(CheckpointMismatchError, match="not a spacy-lean evaluation checkpoint"):
         EvalCheckpoint(tmp_path / "bad.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "x")
