@@ -78,15 +78,27 @@ class HeapTrimmer:
     sorted groups in training, +7-9%, +3% and +10-11%). Never trimming lets the peak
     creep up with the number of batches (+58 MB from step 15 to 150 there, still rising).
 
+    `settle=0` (what the evaluator uses) takes as the level the resident memory right
+    after each trim (the first call trims): whatever a step frees beyond the slack goes
+    back after that step, so a loop whose steps each free more than the slack trims
+    after every step and peaks as if it trimmed always, while a loop of small steps
+    trims once their freed pages add up past the slack. Measured in process (2x64 model,
+    13,848 tweet-length docs in 433 batches): 89 trims instead of 433, 0.41M minor
+    faults instead of 0.81M, peak +9 MB; on CoNLL-style groups and long docs it still
+    trimmed after 83-100% of the batches, peaks within 3 MB; with a 4x256 model on the
+    CoNLL-style groups, after every batch, peak 630 MB against 627 trimming always
+    (where `settle=1` held a batch's freed pages and peaked at 711 MB).
+
     slack_mb (float): 0 trims on every call.
-    settle (int): calls after a trim over which the working level is measured.
+    settle (int): calls after a trim over which the working level is measured; 0 for
+        the resident memory right after each trim.
     """
 
     def __init__(self, slack_mb: float = 0.0, settle: int = 1):
         if slack_mb < 0:
             raise ValueError(f"slack_mb must be >= 0, got {slack_mb}.")
-        if settle < 1:
-            raise ValueError(f"settle must be >= 1 call, got {settle}.")
+        if settle < 0:
+            raise ValueError(f"settle must be >= 0 calls, got {settle}.")
         self.slack = int(slack_mb * 2**20)
         self.settle = settle
         self.floor: Optional[int] = None
@@ -102,12 +114,12 @@ class HeapTrimmer:
                     self.floor = now if self.floor is None else max(self.floor, now)
                     self._measured += 1
                     return False
-                if now <= self.floor + self.slack:
+                if self.floor is not None and now <= self.floor + self.slack:
                     return False
         if not trim_host_memory():
             return False
         self.n_trims += 1
-        self.floor = None
+        self.floor = resident_bytes() if self.settle == 0 and self.slack else None
         self._measured = 0
         return True
 

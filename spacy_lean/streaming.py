@@ -285,18 +285,18 @@ class StreamingEvaluator:
             the OS (`spacy_lean.memory.trim_host_memory`), so resident memory stays flat
             (never trimming, or trimming every 4 batches, let the peak creep up with the
             number of batches: +4.6% and +5.8% from 1,200 to 4,800 docs).
-        trim_slack_mb (Optional[float]): trim only once resident memory has crept more
-            than this many MB above its working level (`spacy_lean.memory.HeapTrimmer`;
-            the level is measured at the batch after each trim). 0 (the default) trims
-            after every batch: the lowest and flattest peak, at the cost of faulting every
+        trim_slack_mb (Optional[float]): trim only once resident memory has grown more
+            than this many MB above its level right after the last trim
+            (`spacy_lean.memory.HeapTrimmer` with `settle=0`): a batch that frees more
+            than the slack is trimmed after, as without a slack; small batches are
+            trimmed once what they freed adds up past it. 0 (the default) trims after
+            every batch: the lowest and flattest peak, at the cost of faulting every
             batch's memory in again. None never trims (as `trim_heap=False`). Measured
-            (`benchmarks/eval_heap_trim.py`, 2-layer 64-wide model, one file, 1,200 ->
-            4,800 docs): after every batch 513 -> 519 MB
-            (+1.2%); 16 MB 531 -> 540 MB (+1.7%) with 61% fewer page faults and ~10% less
-            CPU time at 1,200 docs; 32 MB +3.0%; 64 MB +5.0%; never +4.6%. The slack's
-            peak rises with the model: 16 MB raised a 4-layer 256-wide model's from
-            632 to 689-700 MB (`benchmarks/eval_memory.py`), the batches' freed pages held
-            fragmented between trims.
+            in process (2x64 model, 13,848 tweet-length docs): 16 MB trimmed after 89 of
+            433 batches, half the page faults, peak +9 MB; 4x256 model on CoNLL-style
+            groups: after every batch, the same peak. (Before, the level was measured at
+            the batch after each trim, which held that batch's freed pages: 16 MB then
+            raised a 4x256 model's peak from 632 to 689-700 MB; `eval_heap_trim.py`.)
         copy_examples (bool): pipe copies of the predicted docs, as `Language.evaluate`
             does, so the caller's examples are left untouched. False saves a copy per
             doc where the examples belong to the evaluator alone (as those made by
@@ -331,7 +331,9 @@ class StreamingEvaluator:
         self.on_oom = on_oom if on_oom is not None else _warn_oom
         check_trim_slack_mb(trim_slack_mb)
         self.trim_heap = trim_heap and trim_slack_mb is not None
-        self._trimmer = HeapTrimmer(trim_slack_mb or 0.0)
+        # The level: resident memory right after each trim (settle=0), so that a batch
+        # that frees more than the slack is trimmed after, as with no slack.
+        self._trimmer = HeapTrimmer(trim_slack_mb or 0.0, settle=0)
         self.copy_examples = copy_examples
         self.sort_spans = sort_spans
         self._oom_types = cuda_oom_errors()

@@ -461,9 +461,13 @@ def test_trim_host_memory_gives_pages_back():
 
     # Many mid-sized blocks (below glibc's mmap threshold, so on the heap), with
     # small long-lived ones between them, as batch tensors and kept docs are.
+    # Every page is written: a fresh heap's zeroed blocks may never be touched (calloc),
+    # and then there is nothing resident to give back (the test failed when run alone).
     blocks, keep = [], []
     for _ in range(400):
-        blocks.append(bytearray(100_000))
+        block = bytearray(100_000)
+        block[::4096] = b"x" * len(block[::4096])
+        blocks.append(block)
         keep.append(bytearray(64))
     del blocks
     before = rss_kb()
@@ -516,7 +520,7 @@ def test_heap_trimmer_settles_on_the_highest_level_of_its_first_calls(monkeypatc
     trims = []
     monkeypatch.setattr(memory, "trim_host_memory", lambda: trims.append(1) or True)
     with pytest.raises(ValueError, match="settle"):
-        memory.HeapTrimmer(32, settle=0)
+        memory.HeapTrimmer(32, settle=-1)
     trimmer = memory.HeapTrimmer(32, settle=3)
     assert [trimmer() for _ in range(3)] == [False] * 3  # 500, 560, 540: measuring
     assert trimmer.floor == 560 * mb and not trims
@@ -530,6 +534,31 @@ def test_heap_trimmer_settles_on_the_highest_level_of_its_first_calls(monkeypatc
     readings = iter([500, 560])
     once = memory.HeapTrimmer(32)
     assert not once() and once() and len(trims) == 2
+
+
+def test_heap_trimmer_settle_0_measures_the_level_right_after_each_trim(monkeypatch):
+    """With `settle=0` (the evaluator's), the first call trims and the level is the
+    resident memory right after a trim: a step that frees more than the slack is trimmed
+    after at once; small steps are trimmed when what they hold adds up past it."""
+    from spacy_lean import memory
+
+    mb = 2**20
+    # Readings: one per call, and one more right after each trim.
+    readings = iter([600, 500, 560, 503, 510, 515, 530, 501])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(readings) * mb)
+    trims = []
+    monkeypatch.setattr(memory, "trim_host_memory", lambda: trims.append(1) or True)
+    trimmer = memory.HeapTrimmer(16, settle=0)
+    assert trimmer() and trimmer.floor == 500 * mb  # first call: 600, trims down to 500
+    assert trimmer() and trimmer.floor == 503 * mb  # a step held 60 MB > 16: trims at once
+    assert not trimmer()  # 510 <= 503 + 16
+    assert not trimmer()  # 515
+    assert trimmer() and trimmer.floor == 501 * mb  # 530 > 519: what small steps held
+    assert trimmer.n_trims == 3 and len(trims) == 3
+    assert next(readings, None) is None
+    # No slack: every call trims, reading nothing.
+    every = memory.HeapTrimmer(0, settle=0)
+    assert every() and every() and every.n_trims == 2 and every.floor is None
 
 
 @pytest.mark.gpu
