@@ -209,8 +209,8 @@ def check_trim_slack_mb(value: Any) -> Optional[float]:
         raise ValueError(
             f"trim_slack_mb must be a number of MB >= 0, got {value!r}. Use 0 to trim the "
             "heap after every batch (the default: the lowest peak), e.g. 16 to trim only once "
-            "resident memory has crept 16 MB above its working level (less CPU time), or "
-            "null (None in Python) never to trim."
+            "resident memory has grown 16 MB above its level after the last trim (less CPU "
+            "time), or null (None in Python) never to trim."
         )
     return value
 
@@ -525,7 +525,7 @@ def evaluate(
         predictions, less padding computed; see `spacy_lean.trf_batching`).
     trim_slack_mb (Optional[float]): hand the memory the C heap freed back to the OS
         after every batch (0, the default: the lowest peak), only once resident memory
-        has crept more than this many MB above its working level (less CPU time, a
+        has grown more than this many MB above its level right after the last trim (less CPU time, a
         higher peak), or never (None). The scores are the same (see `StreamingEvaluator`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
@@ -617,7 +617,7 @@ def make_streaming_evaluate_v1(
     max_batch_tokens (Optional[int]): padded tokens per batch, the memory budget (see
         `spacy_lean.evaluate`); null for the transformer's `max_batch_items`, else 4096.
     trim_slack_mb (Optional[float]): hand freed heap memory back to the OS after every
-        batch (0), only past this many MB above the working level, or never (null); see
+        batch (0), only past this many MB above the level after the last trim, or never (null); see
         `spacy_lean.evaluate`. The scores are the same.
     RETURNS (Callable[[Language], Language]): the callback.
     """

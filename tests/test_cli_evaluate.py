@@ -314,7 +314,7 @@ def test_trim_options_reach_the_evaluator_and_keep_the_scores(
     built = record_evaluators(monkeypatch)
     runs = {
         "default": ((), (True, 0), None),
-        "slack": (("--trim-slack-mb", "10000"), (True, 10_000), "crept 10000 MB above"),
+        "slack": (("--trim-slack-mb", "10000"), (True, 10_000), "grown 10000 MB above"),
         "never": (("--no-trim-heap",), (False, 0), "Heap trimming off (--no-trim-heap)"),
     }
     scores = {}

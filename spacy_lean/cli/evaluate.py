@@ -51,7 +51,7 @@ def evaluate_cli(
     batch_size: Optional[int] = Opt(None, "--batch-size", "-b", help="Docs per batch (default: the pipeline's batch_size)"),
     window_size: Optional[int] = Opt(None, "--window-size", help="Examples read ahead and sorted by length (default: 8 batches; 0 keeps the input order)"),
     max_batch_tokens: Optional[int] = Opt(None, "--max-batch-tokens", help="Memory budget of a batch in padded tokens, docs x longest doc (default: the transformer's max_batch_items, else 4096); a window holds at most as many tokens as its batches"),
-    trim_slack_mb: float = Opt(0.0, "--trim-slack-mb", help="Hand the memory the C heap freed back to the OS only once resident memory has crept this many MB above its working level (default 0: after every batch, the lowest peak; e.g. 16: less CPU time on many short docs, a slightly higher peak)"),
+    trim_slack_mb: float = Opt(0.0, "--trim-slack-mb", help="Hand the memory the C heap freed back to the OS only once resident memory has grown this many MB above its level right after the last trim (default 0: after every batch, the lowest peak; e.g. 16: less CPU time on many short docs, a slightly higher peak)"),
     trim_heap: bool = Opt(True, "--trim-heap/--no-trim-heap", help="Hand freed heap memory back to the OS at all (--no-trim-heap: never; the least CPU time, a peak that creeps up with the batches)"),
     checkpoint: Optional[Path] = Opt(None, "--checkpoint", help="JSON file to save progress to; a rerun resumes from it", dir_okay=False),
     checkpoint_every: int = Opt(50, "--checkpoint-every", help="Save the checkpoint every N batches (every N shards with --workers)"),
@@ -137,8 +137,8 @@ def evaluate_streaming_cli(
         msg.fail(
             f"--trim-slack-mb must be a number of MB >= 0, got {trim_slack_mb:g}.",
             "Use 0 to trim the heap after every batch (the default: the lowest peak), e.g. "
-            "--trim-slack-mb 16 to trim only once resident memory has crept 16 MB above its "
-            "working level (less CPU time), or --no-trim-heap never to trim.",
+            "--trim-slack-mb 16 to trim only once resident memory has grown 16 MB above its "
+            "level after the last trim (less CPU time), or --no-trim-heap never to trim.",
             exits=1,
         )
     if not trim_heap and trim_slack_mb:
@@ -201,7 +201,7 @@ def evaluate_streaming_cli(
         msg.info("Heap trimming off (--no-trim-heap): freed heap memory stays with the process")
     elif slack:
         msg.info(
-            f"Heap trimmed once resident memory has crept {slack:g} MB above its working level"
+            f"Heap trimmed once resident memory has grown {slack:g} MB above its level after the last trim"
         )
     start = time.perf_counter()
     try:
