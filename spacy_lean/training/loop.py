@@ -144,6 +144,22 @@ class RankBatches:
             self.n_examples += len(batch)
         return self._count(batches)
 
+    def has_batch_left(self, epoch: int, *, skip_batches: int = 0, skip_examples: int = 0) -> bool:
+        """Whether epoch `epoch`, started from the current random states as `epoch`
+        starts it, has a batch after the skipped ones. The Python and numpy random
+        states and the batcher's are put back; the next `epoch` call starts it afresh."""
+        saved = random.getstate(), numpy.random.get_state()
+        rng = getattr(self.batcher, "rng", None)
+        rng_state = rng.getstate() if isinstance(rng, random.Random) else None
+        try:
+            left = self.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
+            return next(left, None) is not None
+        finally:
+            random.setstate(saved[0])
+            numpy.random.set_state(saved[1])
+            if rng_state is not None:
+                rng.setstate(rng_state)
+
     def _listed(self) -> List:
         if self.examples is None:
             self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
@@ -452,23 +468,35 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
 
 
-def check_steps_left(state: Dict[str, Any], max_steps: int, max_epochs: int = 0) -> None:
-    """Raise ValueError when a saved state has no step left under `max_steps` (0: no
-    limit) or `max_epochs` (0 or -1: no limit), saying how to go on."""
+class NothingToTrainError(ValueError):
+    """A saved state has no step left under the resumed run's max_steps or max_epochs;
+    the message says which override goes on."""
+
+
+def check_steps_left(
+    state: Dict[str, Any], max_steps: int, max_epochs: int = 0, *, epoch_trained: bool = False
+) -> None:
+    """Raise NothingToTrainError when a saved state has no step left under `max_steps`
+    (0: no limit) or `max_epochs` (0 or -1: no limit), saying how to go on.
+    `epoch_trained`: the state's epoch has no batch left (the caller replayed it)."""
     done = int(state["step"])
     if max_steps and done >= max_steps:
-        raise ValueError(
+        raise NothingToTrainError(
             f"The saved state is at step {done}, and this run's training.max_steps is "
             f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
             f"(e.g. --training.max_steps {done + max_steps})."
         )
     epoch = int(state["epoch"])
+    if epoch_trained:
+        where = f"at step {done}, the last step of epoch {epoch} (its epochs 0 to {epoch}"
+        epoch += 1  # trained as far as a state at the next epoch's start
+    else:
+        where = f"at epoch {epoch} (its epochs 0 to {epoch - 1}"
     if max_epochs > 0 and epoch >= max_epochs:
-        raise ValueError(
-            f"The saved state is at epoch {epoch} (its epochs 0 to {epoch - 1} are "
-            f"trained), and this run's training.max_epochs is {max_epochs}: nothing is "
-            f"left to train. Resume with a larger max_epochs (e.g. --training.max_epochs "
-            f"{epoch + max_epochs})."
+        raise NothingToTrainError(
+            f"The saved state is {where} are trained), and this run's "
+            f"training.max_epochs is {max_epochs}: nothing is left to train. Resume with "
+            f"a larger max_epochs (e.g. --training.max_epochs {epoch + max_epochs})."
         )
 
 
@@ -615,6 +643,15 @@ def train(
         rng = getattr(T["batcher"], "rng", None)
         if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
             rng.setstate(_tupled(rank_resume["batcher_rng"]))
+        if T["max_epochs"] > 0 and epoch == T["max_epochs"] - 1:
+            # A state saved at an evaluation on the last batch of the last epoch (a run
+            # stopped there by max_steps or patience, or killed before its final
+            # checkpoint) has every batch of it trained, which only replaying it shows.
+            left = batches.has_batch_left(
+                epoch, skip_batches=skip_batches, skip_examples=skip_examples
+            )
+            if not ctx.all_reduce_sum([left])[0]:
+                check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
     elif ctx.is_main:
         clean_output_dir(output_path)
 
@@ -626,8 +663,12 @@ def train(
                 shutil.rmtree(output_path / DIR_MODEL_BEST)
             shutil.copytree(output_path / DIR_MODEL_LAST, output_path / DIR_MODEL_BEST)
 
+    saved_at: Optional[Tuple[int, int]] = None  # (step, epoch) of the last checkpoint
+
     def checkpoint(seconds: float) -> None:
         # Collective: every rank sends where it stands; rank 0 writes.
+        nonlocal saved_at
+        saved_at = (done_step, epoch)
         mine = {
             "batches": batches.batches,
             "examples": batches.n_examples,
@@ -789,7 +830,9 @@ def train(
         if ctx.is_main and output_path is not None:
             save_model(False)
     if finished and output_path is not None:
-        if not (results and results[-1][1] == done_step):  # not saved at this step yet
+        # Not saved here yet: the last step was no evaluation, or the run went on to the
+        # start of the epoch past max_epochs after it (a resume then starts there).
+        if saved_at != (done_step, epoch):
             checkpoint(seconds_before + timer() - start_time)
     if optimizer.averages:
         nlp.use_params(optimizer.averages)
