@@ -9,6 +9,7 @@ set is scored in shares with the streaming evaluator and the score states are me
 so the score is the one of a single process. Only rank 0 logs and writes.
 """
 
+import json
 import math
 import random
 import shutil
@@ -18,7 +19,6 @@ from timeit import default_timer as timer
 from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy
-import srsly
 from spacy.errors import Errors
 from spacy.language import Language
 from spacy.schemas import ConfigSchemaTraining
@@ -278,7 +278,10 @@ def save_training_state(
     tmp.mkdir(parents=True)
     nlp.to_disk(tmp / "model")
     state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
-    srsly.write_json(tmp / "state.json", state)
+    # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
+    # decimals, which changed the saved losses, scores and cached gaussians.
+    text = json.dumps(state, indent=2)
+    (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
     old = path.with_name(path.name + ".old")
     if path.exists():
         if old.exists():
@@ -305,7 +308,7 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             "written at every evaluation; start without --resume."
         )
     try:
-        state = srsly.read_json(file_)
+        state = json.loads(file_.read_text(encoding="utf8"))
     except ValueError as err:
         raise TrainingStateError(f"{file_} is not valid JSON ({err}). {STATE_FIX}") from err
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -466,6 +469,15 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     optimizer = state.get("optimizer", {})
     if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
+    # Absent in states saved before the losses were: none carried over. A loss may be
+    # NaN or infinite (a diverged run logs it so, and its resume logs it alike).
+    losses = state.get("losses", {})
+    if not (isinstance(losses, dict) and all(type(v) in (int, float) for v in losses.values())):
+        fail(
+            "losses",
+            losses,
+            "an object of numbers by component (the losses summed since the last evaluation)",
+        )
 
 
 class NothingToTrainError(ValueError):
@@ -613,6 +625,8 @@ def train(
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
     skip_batches = skip_examples = 0
+    # The losses summed since the last evaluation (each evaluation logs, then resets them).
+    losses: Dict[str, float] = {}
     rank_resume: Optional[Dict[str, Any]] = None
     if resume is not None:
         check_steps_left(resume, T["max_steps"], T["max_epochs"])
@@ -623,6 +637,7 @@ def train(
         results = [(float(s), int(k)) for s, k in resume["results"]]
         words_seen = int(resume["words"])
         seconds_before = float(resume["seconds"])
+        losses = {str(name): float(value) for name, value in resume.get("losses", {}).items()}
         load_optimizer(optimizer, entries, Path(resume["path"]) / OPTIMIZER_FILE)
         for _ in range(step):  # the schedules (learn rate...) continue per global step
             next(dropouts)
@@ -665,8 +680,9 @@ def train(
 
     saved_at: Optional[Tuple[int, int]] = None  # (step, epoch) of the last checkpoint
 
-    def checkpoint(seconds: float) -> None:
-        # Collective: every rank sends where it stands; rank 0 writes.
+    def checkpoint(seconds: float, since_eval: Dict[str, float]) -> None:
+        # Collective: every rank sends where it stands; rank 0 writes. `since_eval`: the
+        # losses summed since the last evaluation, which the resumed run goes on summing.
         nonlocal saved_at
         saved_at = (done_step, epoch)
         mine = {
@@ -690,6 +706,7 @@ def train(
                 "world_size": ctx.world_size,
                 "ranks": ranks,
                 "params": [e.name for e in entries],
+                "losses": {name: float(value) for name, value in since_eval.items()},
             }
             save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
 
@@ -726,7 +743,6 @@ def train(
     else:
         log_step, finalize_logger = (lambda info: None), (lambda: None)
 
-    losses: Dict[str, float] = {}
     start_time = timer()
     batch_iter = batches.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
     if rank_resume is not None and int(resume["world_size"]) == ctx.world_size:  # type: ignore[index]
@@ -807,7 +823,7 @@ def train(
                 if ctx.is_main and output_path is not None:
                     save_model(is_best)
                     info["output_path"] = str(output_path / DIR_MODEL_LAST)
-                checkpoint(seconds)
+                checkpoint(seconds, {})  # the losses logged now start again from zero
             log_step(info if is_best is not None else None)
             if is_best is not None:
                 losses = {}
@@ -833,7 +849,7 @@ def train(
         # Not saved here yet: the last step was no evaluation, or the run went on to the
         # start of the epoch past max_epochs after it (a resume then starts there).
         if saved_at != (done_step, epoch):
-            checkpoint(seconds_before + timer() - start_time)
+            checkpoint(seconds_before + timer() - start_time, losses)
     if optimizer.averages:
         nlp.use_params(optimizer.averages)
     if output_path is not None:
