@@ -1,8 +1,11 @@
 """`spacy lean train --resume` with a saved state it cannot use: a `state.json` edited by
 hand or damaged, an `optimizer.npz` that is missing, damaged or hostile, a run that
-ended at its last epoch. Each case is refused before anything is replayed or trained,
-with a message naming the file, the value and what to do. One process, the real CLI
-function, a tiny tok2vec + ner pipeline trained on a generated corpus."""
+ended at its last epoch (also with an evaluation as its last step, or stopped by
+max_steps on the epoch's last batch). Each case is refused before anything is replayed
+or trained, with a message naming the file, the value and what to do. And resumes that
+go on as an uninterrupted run: its weights, its saved state, its logged losses. One
+process, the real CLI function, a tiny tok2vec + ner pipeline trained on a generated
+corpus."""
 
 import contextlib
 import copy
@@ -163,6 +166,10 @@ BAD_FIELDS = [
     (("ranks", 0, "update_policy"), {"learned_limits": {"x": 8}}, "ranks[0].update_policy"),
     (("params",), [1, 2], "params must be a list of parameter names"),
     (("optimizer",), {"learn_rate": "fast"}, "optimizer must be an object of numbers"),
+    (("losses",), [1.5], "losses must be an object of numbers"),
+    (("losses",), {"ner": "1.5"}, "losses must be an object of numbers"),
+    (("losses",), {"ner": None}, "losses must be an object of numbers"),
+    (("losses",), {"ner": True}, "losses must be an object of numbers"),
 ]
 
 
@@ -177,6 +184,15 @@ def test_resume_refuses_fields_no_run_writes(copied, field, value, expected):
         read_training_state(out)
     assert expected in str(info.value) and str(path) in str(info.value)
     assert FIX in str(info.value)
+
+
+def test_a_state_saved_before_the_losses_were_is_read(copied):
+    """States saved before `losses` was: read as they were (no losses carried over)."""
+    out, path, state = copied
+    assert "losses" in state
+    del state["losses"]
+    srsly.write_json(path, state)
+    assert "losses" not in read_training_state(out)
 
 
 def test_resume_refuses_a_numpy_random_state_outside_its_key(copied):
@@ -229,6 +245,124 @@ def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):
     assert resumed["step"] == 8  # epoch 2 is steps 6 to 8
     a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
     assert a.to_bytes(exclude=["meta"]) == b.to_bytes(exclude=["meta"])
+
+
+def same_run(out, whole):
+    """The resumed run `out` ended where the uninterrupted `whole` did, with its bytes."""
+    resumed, uninterrupted = read_training_state(out), read_training_state(whole)
+    for key in ("step", "epoch", "words", "results", "losses"):
+        assert resumed[key] == uninterrupted[key], key
+    a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
+    assert a.to_bytes(exclude=["meta"]) == b.to_bytes(exclude=["meta"])
+
+
+@pytest.fixture(scope="module")
+def whole_3_epochs_eval_5(setup, tmp_path_factory):
+    """An uninterrupted 3-epoch run evaluated at steps 0 and 5 only."""
+    whole = tmp_path_factory.mktemp("whole_eval_5") / "run"
+    run(setup, whole, **{"training.max_epochs": 3, "training.eval_frequency": 5})
+    return whole
+
+
+def test_a_run_whose_last_step_is_an_evaluation_ends_at_its_last_epoch(
+    setup, whole_3_epochs_eval_5, capsys, tmp_path
+):
+    """Evaluated at steps 0 and 5, the run's last step (5, the end of epoch 1) is an
+    evaluation. Its last state was the one saved there, at epoch 1 with all its batches
+    trained, and resuming it with the same max_epochs trained nothing and exited 0 in
+    silence. Now the run saves again at epoch 2's start, as one whose last step is not
+    an evaluation, and the resume is refused like the others."""
+    out = tmp_path / "run"
+    run(setup, out, **{"training.eval_frequency": 5})
+    state = read_training_state(out)
+    assert (state["step"], state["epoch"], state["results"][-1][1]) == (5, 2, 5)
+    assert state["ranks"][0]["batches"] == state["ranks"][0]["examples"] == 0
+    assert state["losses"] == {}  # reset by the evaluation at step 5
+    text = resume_fails(setup, out, capsys, **{"training.eval_frequency": 5})
+    assert "at epoch 2" in text and "training.max_epochs is 2: nothing is left to train" in text
+    assert "--training.max_epochs 4" in text
+    run(setup, out, resume=True, **{"training.max_epochs": 3, "training.eval_frequency": 5})
+    same_run(out, whole_3_epochs_eval_5)
+
+
+def test_resume_of_a_state_with_its_last_epoch_trained(
+    setup, whole_3_epochs_eval_5, capsys, tmp_path
+):
+    """Stopped by max_steps = 5 at an evaluation, the state is at step 5, epoch 1, all
+    of whose batches are trained (the run never saw the epoch end). Resumed without
+    max_steps under max_epochs = 2 it trained nothing and exited 0 in silence; now it
+    is refused (the epoch is replayed to find it has no batch left, before anything is
+    trained). With max_epochs = 3 it trains epoch 2 as an uninterrupted run does."""
+    out = tmp_path / "run"
+    run(setup, out, **{"training.eval_frequency": 5, "training.max_steps": 5})
+    state = read_training_state(out)
+    assert (state["step"], state["epoch"], state["ranks"][0]["batches"]) == (5, 1, 3)
+    text = resume_fails(setup, out, capsys, **{"training.eval_frequency": 5})
+    assert "at step 5, the last step of epoch 1 (its epochs 0 to 1 are trained)" in text
+    assert "training.max_epochs is 2: nothing is left to train" in text
+    assert "--training.max_epochs 4" in text
+    assert "Resuming at" not in text  # refused before the run starts
+    assert read_training_state(out) == state  # nothing was trained or saved
+    run(setup, out, resume=True, **{"training.max_epochs": 3, "training.eval_frequency": 5})
+    same_run(out, whole_3_epochs_eval_5)
+
+
+def test_resume_trains_what_is_left_of_the_last_epoch(setup, tmp_path):
+    """Stopped by max_steps = 4 at an evaluation, the state is at epoch 1 with one of
+    its 3 batches left: resumed under the same max_epochs = 2, it trains that step
+    (5) and ends as the uninterrupted run."""
+    out = tmp_path / "run"
+    run(setup, out, **{"training.max_steps": 4})
+    state = read_training_state(out)
+    assert (state["step"], state["epoch"], state["ranks"][0]["batches"]) == (4, 1, 2)
+    run(setup, out, resume=True)
+    same_run(out, setup / "run")
+
+
+LOGGED = {}
+
+
+@spacy.registry.loggers("test_train_resume.capture.v1")
+def capture_logger():
+    """Records the score and losses each evaluation logs in LOGGED, by step."""
+
+    def setup_logger(nlp, stdout, stderr):
+        records = LOGGED
+
+        def log_step(info):
+            if info is not None:
+                records[info["step"]] = (info["score"], dict(info["losses"]))
+
+        return log_step, lambda: None
+
+    return setup_logger
+
+
+def logged_run(root, output, resume=False, **overrides):
+    """{step: (score, losses)} of what the run logs."""
+    LOGGED.clear()
+    logger = {"@loggers": "test_train_resume.capture.v1"}
+    run(root, output, resume, **{"training.logger": logger}, **overrides)
+    return dict(LOGGED)
+
+
+def test_resume_logs_the_losses_of_an_uninterrupted_run(setup, tmp_path):
+    """Stopped by max_steps = 3 after the evaluation at step 2, the run saves the loss
+    of step 3 with its last state; the resumed run's first log (step 4) sums steps 3
+    and 4, as the uninterrupted run's does (it was step 4's alone). Floats are saved
+    exactly (srsly's JSON kept 10 decimals)."""
+    whole = logged_run(setup, tmp_path / "whole")
+    assert sorted(whole) == [0, 2, 4]
+    out = tmp_path / "run"
+    first = logged_run(setup, out, **{"training.max_steps": 3})
+    state = read_training_state(out)
+    assert (state["step"], state["results"][-1][1]) == (3, 2)
+    assert set(state["losses"]) == {"tok2vec", "ner"}
+    assert all(value > 0 for value in state["losses"].values())
+    resumed = logged_run(setup, out, resume=True)
+    assert sorted(resumed) == [4]
+    assert {**first, **resumed} == whole  # scores and losses, number for number
+    same_run(out, tmp_path / "whole")
 
 
 # -- optimizer.npz ------------------------------------------------------------------

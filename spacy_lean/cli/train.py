@@ -183,7 +183,8 @@ def train(
     from spacy.training.initialize import init_nlp
 
     from ..training.dist import TrainingStateError, context_from_env
-    from ..training.loop import DIR_STATE, check_steps_left, read_training_state
+    from ..training.loop import DIR_STATE, NothingToTrainError, check_steps_left
+    from ..training.loop import read_training_state
     from ..training.loop import train as train_nlp
 
     try:
@@ -241,7 +242,7 @@ def train(
             stdout=sys.stdout if dctx.is_main else open(os.devnull, "w"),
             stderr=sys.stderr,
         )
-    except TrainingStateError as err:  # every rank finds it; rank 0 says it
+    except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
         msg.fail(str(err), exits=1)
     except Exception as err:
         if dctx.active:

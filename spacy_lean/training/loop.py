@@ -9,6 +9,7 @@ set is scored in shares with the streaming evaluator and the score states are me
 so the score is the one of a single process. Only rank 0 logs and writes.
 """
 
+import json
 import math
 import random
 import shutil
@@ -18,7 +19,6 @@ from timeit import default_timer as timer
 from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy
-import srsly
 from spacy.errors import Errors
 from spacy.language import Language
 from spacy.schemas import ConfigSchemaTraining
@@ -144,6 +144,22 @@ class RankBatches:
             self.n_examples += len(batch)
         return self._count(batches)
 
+    def has_batch_left(self, epoch: int, *, skip_batches: int = 0, skip_examples: int = 0) -> bool:
+        """Whether epoch `epoch`, started from the current random states as `epoch`
+        starts it, has a batch after the skipped ones. The Python and numpy random
+        states and the batcher's are put back; the next `epoch` call starts it afresh."""
+        saved = random.getstate(), numpy.random.get_state()
+        rng = getattr(self.batcher, "rng", None)
+        rng_state = rng.getstate() if isinstance(rng, random.Random) else None
+        try:
+            left = self.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
+            return next(left, None) is not None
+        finally:
+            random.setstate(saved[0])
+            numpy.random.set_state(saved[1])
+            if rng_state is not None:
+                rng.setstate(rng_state)
+
     def _listed(self) -> List:
         if self.examples is None:
             self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
@@ -262,7 +278,10 @@ def save_training_state(
     tmp.mkdir(parents=True)
     nlp.to_disk(tmp / "model")
     state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
-    srsly.write_json(tmp / "state.json", state)
+    # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
+    # decimals, which changed the saved losses, scores and cached gaussians.
+    text = json.dumps(state, indent=2)
+    (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
     old = path.with_name(path.name + ".old")
     if path.exists():
         if old.exists():
@@ -289,7 +308,7 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             "written at every evaluation; start without --resume."
         )
     try:
-        state = srsly.read_json(file_)
+        state = json.loads(file_.read_text(encoding="utf8"))
     except ValueError as err:
         raise TrainingStateError(f"{file_} is not valid JSON ({err}). {STATE_FIX}") from err
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -450,25 +469,46 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     optimizer = state.get("optimizer", {})
     if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
+    # Absent in states saved before the losses were: none carried over. A loss may be
+    # NaN or infinite (a diverged run logs it so, and its resume logs it alike).
+    losses = state.get("losses", {})
+    if not (isinstance(losses, dict) and all(type(v) in (int, float) for v in losses.values())):
+        fail(
+            "losses",
+            losses,
+            "an object of numbers by component (the losses summed since the last evaluation)",
+        )
 
 
-def check_steps_left(state: Dict[str, Any], max_steps: int, max_epochs: int = 0) -> None:
-    """Raise ValueError when a saved state has no step left under `max_steps` (0: no
-    limit) or `max_epochs` (0 or -1: no limit), saying how to go on."""
+class NothingToTrainError(ValueError):
+    """A saved state has no step left under the resumed run's max_steps or max_epochs;
+    the message says which override goes on."""
+
+
+def check_steps_left(
+    state: Dict[str, Any], max_steps: int, max_epochs: int = 0, *, epoch_trained: bool = False
+) -> None:
+    """Raise NothingToTrainError when a saved state has no step left under `max_steps`
+    (0: no limit) or `max_epochs` (0 or -1: no limit), saying how to go on.
+    `epoch_trained`: the state's epoch has no batch left (the caller replayed it)."""
     done = int(state["step"])
     if max_steps and done >= max_steps:
-        raise ValueError(
+        raise NothingToTrainError(
             f"The saved state is at step {done}, and this run's training.max_steps is "
             f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
             f"(e.g. --training.max_steps {done + max_steps})."
         )
     epoch = int(state["epoch"])
+    if epoch_trained:
+        where = f"at step {done}, the last step of epoch {epoch} (its epochs 0 to {epoch}"
+        epoch += 1  # trained as far as a state at the next epoch's start
+    else:
+        where = f"at epoch {epoch} (its epochs 0 to {epoch - 1}"
     if max_epochs > 0 and epoch >= max_epochs:
-        raise ValueError(
-            f"The saved state is at epoch {epoch} (its epochs 0 to {epoch - 1} are "
-            f"trained), and this run's training.max_epochs is {max_epochs}: nothing is "
-            f"left to train. Resume with a larger max_epochs (e.g. --training.max_epochs "
-            f"{epoch + max_epochs})."
+        raise NothingToTrainError(
+            f"The saved state is {where} are trained), and this run's "
+            f"training.max_epochs is {max_epochs}: nothing is left to train. Resume with "
+            f"a larger max_epochs (e.g. --training.max_epochs {epoch + max_epochs})."
         )
 
 
@@ -585,6 +625,8 @@ def train(
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
     skip_batches = skip_examples = 0
+    # The losses summed since the last evaluation (each evaluation logs, then resets them).
+    losses: Dict[str, float] = {}
     rank_resume: Optional[Dict[str, Any]] = None
     if resume is not None:
         check_steps_left(resume, T["max_steps"], T["max_epochs"])
@@ -595,6 +637,7 @@ def train(
         results = [(float(s), int(k)) for s, k in resume["results"]]
         words_seen = int(resume["words"])
         seconds_before = float(resume["seconds"])
+        losses = {str(name): float(value) for name, value in resume.get("losses", {}).items()}
         load_optimizer(optimizer, entries, Path(resume["path"]) / OPTIMIZER_FILE)
         for _ in range(step):  # the schedules (learn rate...) continue per global step
             next(dropouts)
@@ -615,6 +658,15 @@ def train(
         rng = getattr(T["batcher"], "rng", None)
         if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
             rng.setstate(_tupled(rank_resume["batcher_rng"]))
+        if T["max_epochs"] > 0 and epoch == T["max_epochs"] - 1:
+            # A state saved at an evaluation on the last batch of the last epoch (a run
+            # stopped there by max_steps or patience, or killed before its final
+            # checkpoint) has every batch of it trained, which only replaying it shows.
+            left = batches.has_batch_left(
+                epoch, skip_batches=skip_batches, skip_examples=skip_examples
+            )
+            if not ctx.all_reduce_sum([left])[0]:
+                check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
     elif ctx.is_main:
         clean_output_dir(output_path)
 
@@ -626,8 +678,13 @@ def train(
                 shutil.rmtree(output_path / DIR_MODEL_BEST)
             shutil.copytree(output_path / DIR_MODEL_LAST, output_path / DIR_MODEL_BEST)
 
-    def checkpoint(seconds: float) -> None:
-        # Collective: every rank sends where it stands; rank 0 writes.
+    saved_at: Optional[Tuple[int, int]] = None  # (step, epoch) of the last checkpoint
+
+    def checkpoint(seconds: float, since_eval: Dict[str, float]) -> None:
+        # Collective: every rank sends where it stands; rank 0 writes. `since_eval`: the
+        # losses summed since the last evaluation, which the resumed run goes on summing.
+        nonlocal saved_at
+        saved_at = (done_step, epoch)
         mine = {
             "batches": batches.batches,
             "examples": batches.n_examples,
@@ -649,6 +706,7 @@ def train(
                 "world_size": ctx.world_size,
                 "ranks": ranks,
                 "params": [e.name for e in entries],
+                "losses": {name: float(value) for name, value in since_eval.items()},
             }
             save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
 
@@ -685,7 +743,6 @@ def train(
     else:
         log_step, finalize_logger = (lambda info: None), (lambda: None)
 
-    losses: Dict[str, float] = {}
     start_time = timer()
     batch_iter = batches.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
     if rank_resume is not None and int(resume["world_size"]) == ctx.world_size:  # type: ignore[index]
@@ -766,7 +823,7 @@ def train(
                 if ctx.is_main and output_path is not None:
                     save_model(is_best)
                     info["output_path"] = str(output_path / DIR_MODEL_LAST)
-                checkpoint(seconds)
+                checkpoint(seconds, {})  # the losses logged now start again from zero
             log_step(info if is_best is not None else None)
             if is_best is not None:
                 losses = {}
@@ -789,8 +846,10 @@ def train(
         if ctx.is_main and output_path is not None:
             save_model(False)
     if finished and output_path is not None:
-        if not (results and results[-1][1] == done_step):  # not saved at this step yet
-            checkpoint(seconds_before + timer() - start_time)
+        # Not saved here yet: the last step was no evaluation, or the run went on to the
+        # start of the epoch past max_epochs after it (a resume then starts there).
+        if saved_at != (done_step, epoch):
+            checkpoint(seconds_before + timer() - start_time, losses)
     if optimizer.averages:
         nlp.use_params(optimizer.averages)
     if output_path is not None:
