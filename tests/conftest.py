@@ -121,3 +121,16 @@ def dev_examples(blank_nlp):
     """Generated gold examples for evaluation (fresh predicted docs)."""
     docs = synthetic.make_ner_docs(blank_nlp, 30, seed=5)
     return [Example(blank_nlp.make_doc(d.text), d) for d in docs]
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: the models are tiny, and on a shared 2-core
+    machine a second intra-op thread only adds contention (it made the char-LM tests
+    up to 50x slower). Modules use it with `pytest.mark.usefixtures`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -42,12 +42,8 @@ ARCHS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One torch thread (conftest's fixture).
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _words(rng: random.Random, n: int):

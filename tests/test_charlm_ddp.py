@@ -92,15 +92,8 @@ def reference(text_file, dev_file, tmp_path_factory):
         torch.set_num_threads(before)
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
-
-def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_thread):
+def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_torch_thread):
     """2 gloo workers x 4 streams: identical weights on both ranks, the loss falls,
     and the steps equal one process's with 8 streams (up to float rounding), the dev
     loss too (each worker evaluates its share). The checkpoint then resumes on 1 worker
@@ -126,7 +119,7 @@ def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_
     assert resumed.losses[-1][1] < resumed.losses[0][1] - 0.3
 
 
-def test_ddp_resumes_a_single_worker_checkpoint_on_two(tmp_path, text_file, reference, one_thread):
+def test_ddp_resumes_a_single_worker_checkpoint_on_two(tmp_path, text_file, reference, one_torch_thread):
     train_charlm([text_file], tmp_path / "run", batch_size=8, max_steps=30, **TINY)
     a, b = _train_ddp(tmp_path, text_file, tmp_path / "run", resume=True, max_steps=60)
     assert a["step"] == b["step"] == 60

@@ -23,14 +23,8 @@ DATA = Path(__file__).parent / "data" / "charlm"
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny LSTMs on a shared 2-core machine: a second intra-op thread only adds
-    contention (it can make these tests 50x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One torch thread (conftest's fixture).
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

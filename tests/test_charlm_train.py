@@ -24,12 +24,8 @@ def text_file(tmp_path_factory):
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One torch thread (conftest's fixture).
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
