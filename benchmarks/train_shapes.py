@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from eval_shapes import SHAPES, make_shape, stats  # noqa: E402
-from train_memory import _per_wall_s, run_one  # noqa: E402
+from train_memory import _per_wall_s, _texts, run_one  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "train_shapes.json"
 SYSTEMS = ("stock", "lean")
@@ -144,7 +144,7 @@ def main():
             if not args.bounded:
                 info[shape] = shape_info
             data["transformer"] = synthetic.make_tiny_transformer(
-                tmp / f"tiny_bert_{shape}", [d for d in _texts(data["train1"])], vocab_size=1000,
+                tmp / f"tiny_bert_{shape}", _texts(data["train1"]), vocab_size=1000,
                 hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
             )
             trains = sorted((k for k in data if k.startswith("train")), key=lambda k: int(k[5:]))
@@ -167,13 +167,6 @@ def main():
                     print(json.dumps(run), flush=True)
                     save(args, runs, info)
     print(json.dumps(summarize(runs, info), indent=2))
-
-
-def _texts(path: Path):
-    import spacy
-    from spacy.tokens import DocBin
-
-    return [d.text for d in DocBin().from_disk(path).get_docs(spacy.blank("en").vocab)]
 
 
 def save(args, runs, info):

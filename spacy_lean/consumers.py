@@ -197,9 +197,9 @@ def resolve_any_upstream(
     """The component a listener with `upstream = "*"` gets its data from: the nearest
     component before it that spaCy links it to. That is a listened-to component that
     sets `attr` (its factory's `assigns`) or already lists, in its `listener_map`, a
-    listener of the consumer that reads `attr`. spaCy links a "*" listener to every such component before it; in
-    training the nearest one hands it outputs last, and at prediction time it sets
-    the attribute last.
+    listener of the consumer that reads `attr`. spaCy links a "*" listener to every
+    such component before it; in training the nearest one hands it outputs last, and
+    at prediction time it sets the attribute last.
 
     nlp (Language): the pipeline.
     consumer (str): the listening component.

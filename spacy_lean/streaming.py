@@ -525,8 +525,9 @@ def evaluate(
         predictions, less padding computed; see `spacy_lean.trf_batching`).
     trim_slack_mb (Optional[float]): hand the memory the C heap freed back to the OS
         after every batch (0, the default: the lowest peak), only once resident memory
-        has grown more than this many MB above its level right after the last trim (less CPU time, a
-        higher peak), or never (None). The scores are the same (see `StreamingEvaluator`).
+        has grown more than this many MB above its level right after the last trim
+        (less CPU time, a higher peak), or never (None). The scores are the same (see
+        `StreamingEvaluator`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     from_path = isinstance(examples, (str, Path))
@@ -617,8 +618,8 @@ def make_streaming_evaluate_v1(
     max_batch_tokens (Optional[int]): padded tokens per batch, the memory budget (see
         `spacy_lean.evaluate`); null for the transformer's `max_batch_items`, else 4096.
     trim_slack_mb (Optional[float]): hand freed heap memory back to the OS after every
-        batch (0), only past this many MB above the level after the last trim, or never (null); see
-        `spacy_lean.evaluate`. The scores are the same.
+        batch (0), only past this many MB above the level after the last trim, or never
+        (null); see `spacy_lean.evaluate`. The scores are the same.
     RETURNS (Callable[[Language], Language]): the callback.
     """
     if max_batch_tokens is not None:

@@ -46,8 +46,9 @@ WordsInput = Union["spacy.tokens.Doc", Sequence[str]]
 # which also holds its gates), not batch_size x its longest text x the width; and no call
 # comes near the length torch's CPU LSTM refuses ("could not create a primitive" from
 # about 2**27 / hidden steps: at hidden 2048 65,000 ran and 65,535 failed). Sentences and
-# paragraphs are shorter and take one call, as without chunks. On one 200,000-character doc, chunks of 256-2048 were ~20% faster than one
-# call and 8192 only 4% (benchmarks/charlm_long_doc.py, docs/charlm.md).
+# paragraphs are shorter and take one call, as without chunks. On one 200,000-character
+# doc, chunks of 256-2048 were ~20% faster than one call and 8192 only 4%
+# (benchmarks/charlm_long_doc.py, docs/charlm.md).
 DEFAULT_MAX_CHUNK_CHARS = 2048
 
 
