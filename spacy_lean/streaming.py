@@ -11,6 +11,7 @@ the `spacy lean evaluate` command, its checkpoints and its workers.
 import contextlib
 import functools
 import itertools
+import json
 import math
 import os
 import random
@@ -22,7 +23,6 @@ from typing import (
 )
 
 import numpy
-import srsly
 from spacy.errors import Errors
 from spacy.language import Language
 from spacy.scorer import Scorer
@@ -658,6 +658,38 @@ def make_strip_streaming_evaluate_v1() -> Callable[[Language], Language]:
     return before_to_disk
 
 
+class _NonFinite(str):
+    """A NaN, Infinity or -Infinity token read from a checkpoint (json's parse_constant)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _find_in_json(value: Any, bad: Callable[[Any], bool]) -> Optional[Tuple[str, Any]]:
+    """The first (field, value) in decoded JSON for which `bad` holds, the field as a
+    dotted path ("units.0.state.seconds", "state.components[1]"); None if none.
+    Iterative: a deeply nested file cannot exhaust the stack."""
+    stack: List[Tuple[str, Any]] = [("the whole file", value)]
+    while stack:
+        where, item = stack.pop()
+        if bad(item):
+            return where, item
+        top = where == "the whole file"
+        if isinstance(item, dict):
+            children = [(k if top else f"{where}.{k}", v) for k, v in item.items()]
+        elif isinstance(item, (list, tuple)):
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(item)]
+        else:
+            continue
+        stack.extend(reversed(children))  # depth first, in file order
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # ---------------------------------------------------------------------------------
 # Checkpoints: the score state and the position in the stream, saved atomically.
 
@@ -720,16 +752,24 @@ class EvalCheckpoint:
         if not self.path.exists():
             return None
         try:
-            data = srsly.read_json(self.path)
+            # Strict JSON, written with `json` (earlier spacy-lean wrote it with srsly:
+            # read the same). NaN and Infinity, which Python's json would accept, are
+            # kept as markers and refused below, naming the field.
+            data = json.loads(self.path.read_text(encoding="utf8"), parse_constant=_NonFinite)
         except Exception as e:
             raise CheckpointMismatchError(
                 f"Could not read the checkpoint {self.path} ({e}). Delete it to start over."
             ) from e
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise CheckpointMismatchError(
-                f"{self.path} is not a spacy-lean evaluation checkpoint. Give another "
+                f"{self.path} is not a spacy-lean evaluation checkpoint (its 'format' is "
+                f"{_short(found)}, expected {CHECKPOINT_FORMAT!r}). Give another "
                 "--checkpoint path, or delete the file to start over."
             )
+        bad = _find_in_json(data, lambda v: isinstance(v, _NonFinite))
+        if bad is not None:
+            self._refuse(bad[0], bad[1], "a finite number (strict JSON has no NaN or Infinity)")
         for what, key, value in (
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
@@ -746,7 +786,22 @@ class EvalCheckpoint:
                 )
         from .scoring import PipelineScoreState
 
+        counts = {key: self._count(data, key) for key in ("n_examples", "n_batches")}
+        done = data.get("done", False)
+        if not isinstance(done, bool):
+            self._refuse("done", done, "true or false")
         state = data.get("state")
+        if state is not None and not isinstance(state, dict):
+            self._refuse("state", state, "a score state (an object) or null")
+        units = data.get("units") or {}
+        if not isinstance(units, dict):
+            self._refuse("units", units, "an object of finished work units")
+        for key, unit in units.items():
+            if not (key.isascii() and key.isdigit()):
+                self._refuse(f"units key {key!r}", key, "a work unit's number")
+            if not isinstance(unit, dict) or not isinstance(unit.get("state"), dict):
+                self._refuse(f"units.{key}", unit, "an object with a 'state' and 'n_examples'")
+            self._count(unit, "n_examples", f"units.{key}.")
         try:
             resumed = {
                 "state": (
@@ -754,21 +809,41 @@ class EvalCheckpoint:
                     if state is not None
                     else None
                 ),
-                "units": {int(k): v for k, v in (data.get("units") or {}).items()},
-                "n_examples": int(data.get("n_examples", 0)),
-                "n_batches": int(data.get("n_batches", 0)),
-                "done": bool(data.get("done", False)),
+                "units": {int(k): v for k, v in units.items()},
+                "n_examples": counts["n_examples"],
+                "n_batches": counts["n_batches"],
+                "done": done,
             }
-            for unit in resumed["units"].values():  # merged at the end: check them now
-                PipelineScoreState.from_dict(unit["state"], nlp, scorer_cfg)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+            # Merged at the end: check them now.
+            restored = [("state.", resumed["state"])] + [
+                (f"units.{k}.state.", PipelineScoreState.from_dict(v["state"], nlp, scorer_cfg))
+                for k, v in units.items()
+            ]
+        except Exception as e:  # any damage in a state: named, with the fix
             raise CheckpointMismatchError(
                 f"The checkpoint {self.path} could not be restored ({type(e).__name__}: {e}): it "
                 "was written by another version of spacy-lean, or edited. Delete it (or give "
                 "another --checkpoint path) to start over."
             ) from e
+        for where, restored_state in restored:
+            seconds = getattr(restored_state, "seconds", 0.0)
+            if not (math.isfinite(seconds) and seconds >= 0):  # the speed would be NaN
+                self._refuse(f"{where}seconds", seconds, "a finite number of seconds >= 0")
         self._saved_at_batch = resumed["n_batches"]
         return resumed
+
+    def _count(self, data: Dict[str, Any], key: str, where: str = "") -> int:
+        value = data.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self._refuse(f"{where}{key}", value, "a whole number >= 0")
+        return value
+
+    def _refuse(self, field: str, value: Any, expected: str) -> None:
+        raise CheckpointMismatchError(
+            f"The checkpoint {self.path} has {field} = {_short(value)}, expected {expected}: it "
+            "was edited or damaged (spacy-lean never writes that). Delete it (or give another "
+            "--checkpoint path) to start over."
+        )
 
     def save(
         self,
@@ -798,9 +873,20 @@ class EvalCheckpoint:
             "state": state.to_dict() if units is None else None,
             "units": {str(k): v for k, v in (units or {}).items()},
         }
+        # Python's json writes floats exactly (shortest repr; srsly keeps 10 digits) and,
+        # with allow_nan=False, strict JSON. The score states carry their floats as hex
+        # strings (inf and nan included), so a non-finite float here is a bug: refused
+        # before anything is written, so the last save stays.
+        bad = _find_in_json(data, lambda v: isinstance(v, float) and not math.isfinite(v))
+        if bad is not None:
+            raise ValueError(
+                f"Cannot save the checkpoint {self.path}: {bad[0]} = {bad[1]!r}, which strict "
+                "JSON cannot hold (the last save is kept). Please report this as a bug."
+            )
+        text = json.dumps(data, allow_nan=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(srsly.json_dumps(data), encoding="utf8")
+        tmp.write_text(text, encoding="utf8")
         os.replace(tmp, self.path)
         self.n_saves += 1
 

@@ -2,6 +2,7 @@
 out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
 import functools
 import gc
+import json
 import re
 import tracemalloc
 import warnings
@@ -461,6 +462,156 @@ def test_checkpoint_file_is_json(trf_ner_nlp, tmp_path):
     data = srsly.read_json(tmp_path / "c.json")
     assert data["format"] == "spacy-lean.eval-checkpoint.v1" and data["done"] is True
     assert not (tmp_path / "c.json.tmp").exists()
+
+
+
+def _save_points(ckpt, saved):
+    """An on_window hook that records the state's seconds and words at each save."""
+
+    def on_window(ev):
+        before = ckpt.n_saves
+        ckpt.on_window(ev)
+        if ckpt.n_saves > before:
+            saved.append((ev.state.seconds, ev.state.n_words))
+
+    return on_window
+
+
+def test_checkpoint_round_trip_keeps_floats_exactly(trf_ner_nlp, gold_docs, tmp_path):
+    # The resumed state's timing (and so its speed) is the one saved, to the last bit;
+    # a plain float field in the file (here an extra one in a unit) too: written with
+    # Python's json, not srsly (which keeps 10 digits: 1/3 would read 0.3333333333).
+    nlp = trf_ner_nlp
+    path = tmp_path / "ckpt.json"
+    ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d", every=2)
+    first = StreamingEvaluator(nlp, batch_size=4, window_size=0)
+    saved = []
+    with pytest.raises(Interrupt):
+        first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved))
+    seconds, n_words = saved[-1]
+    resumed = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d").load(
+        nlp, first.state.fingerprint
+    )
+    assert resumed["state"].seconds == seconds and resumed["state"].n_words == n_words
+    assert resumed["state"].speed == n_words / seconds
+    assert resumed["state"].result()["speed"] == n_words / seconds
+
+    state = StreamingEvaluator(nlp).state
+    state.add_speed(10, 0.1 + 0.2)
+    units = {0: {"state": state.to_dict(), "n_examples": 2, "extra": 1 / 3}}
+    ckpt.save(state, units=units)
+    assert json.loads(path.read_text())["units"]["0"]["extra"] == 1 / 3
+    resumed = ckpt.load(nlp, state.fingerprint)
+    assert resumed["units"][0]["extra"] == 1 / 3
+    restored = resumed["units"][0]["state"]
+    assert restored == state.to_dict() and float.fromhex(restored["seconds"]) == 0.1 + 0.2
+
+
+def test_checkpoint_written_by_srsly_still_resumes(trf_ner_nlp, gold_docs, tmp_path):
+    # spacy-lean before this version wrote the file with srsly.json_dumps: still read.
+    nlp = trf_ner_nlp
+    expected = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
+    path = tmp_path / "ckpt.json"
+    ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d", every=2)
+    first = StreamingEvaluator(nlp, batch_size=4, window_size=0)
+    saved = []
+    with pytest.raises(Interrupt):
+        first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved))
+    path.write_text(srsly.json_dumps(json.loads(path.read_text())), encoding="utf8")
+    assert "\n" not in path.read_text() and srsly.read_json(path)["n_examples"] == 16
+    resumed = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d").load(
+        nlp, first.state.fingerprint
+    )
+    assert resumed["n_examples"] == 16 and resumed["state"].seconds == saved[-1][0]
+    second = StreamingEvaluator(nlp, batch_size=4, window_size=8, state=resumed["state"])
+    second.run(fresh_examples(nlp, gold_docs), skip=resumed["n_examples"])
+    assert second.n_examples == len(gold_docs)
+    assert_same_scores(second.state.result(), expected)
+
+
+def _checkpoint_data(nlp, tmp_path, units=False):
+    state = StreamingEvaluator(nlp).state
+    state.add_speed(5, 0.25)
+    path = tmp_path / "c.json"
+    ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d")
+    ckpt.save(state, n_examples=3, units={0: {"state": state.to_dict(), "n_examples": 3}} if units else None)
+    return ckpt, state, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "where,value,field,shown",
+    [
+        ("n_examples", float("nan"), "n_examples", "NaN"),
+        ("n_batches", float("inf"), "n_batches", "Infinity"),
+        ("state.seconds", float("-inf"), "state.seconds", "-Infinity"),
+        ("state.seconds", "nan", "state.seconds", "nan"),  # hex strings: valid JSON
+        ("state.seconds", "inf", "state.seconds", "inf"),
+        ("state.seconds", "-0x1p+0", "state.seconds", "-1.0"),
+        ("units.0.state.seconds", "nan", "units.0.state.seconds", "nan"),
+        ("units.0.n_examples", float("nan"), "units.0.n_examples", "NaN"),
+    ],
+)
+def test_checkpoint_with_a_non_finite_number_is_refused_naming_the_field(
+    trf_ner_nlp, tmp_path, where, value, field, shown
+):
+    # Strict JSON has no NaN or Infinity: spacy-lean never writes them, and a file that
+    # holds them (Python's json would read them) is refused, as is a non-finite or
+    # negative time in a score state (its speed would be NaN, and --output would fail).
+    ckpt, state, data = _checkpoint_data(trf_ner_nlp, tmp_path, units=where.startswith("units"))
+    *parents, key = where.split(".")
+    target = data
+    for part in parents:
+        target = target[part]
+    target[key] = value
+    ckpt.path.write_text(json.dumps(data), encoding="utf8")  # allow_nan: writes NaN
+    with pytest.raises(CheckpointMismatchError) as err:
+        ckpt.load(trf_ner_nlp, state.fingerprint)
+    text = str(err.value)
+    assert str(ckpt.path) in text and f"{field} = {shown}" in text and "start over" in text
+
+
+def test_checkpoint_save_refuses_a_non_finite_float_and_keeps_the_last_save(trf_ner_nlp, tmp_path):
+    ckpt, state, _ = _checkpoint_data(trf_ner_nlp, tmp_path)
+    before = ckpt.path.read_text()
+    units = {0: {"state": state.to_dict(), "n_examples": 3, "extra": float("nan")}}
+    with pytest.raises(ValueError, match=r"units\.0\.extra = nan.*strict JSON"):
+        ckpt.save(state, units=units)
+    assert ckpt.path.read_text() == before and not ckpt.path.with_name("c.json.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    "change,field,shown",
+    [
+        ({"n_examples": -1}, "n_examples", "-1"),
+        ({"n_examples": "3"}, "n_examples", "'3'"),
+        ({"n_batches": 2.5}, "n_batches", "2.5"),
+        ({"n_batches": True}, "n_batches", "True"),
+        ({"done": "yes"}, "done", "'yes'"),
+        ({"state": [1, 2]}, "state", "[1, 2]"),
+        ({"units": [1]}, "units", "[1]"),
+        ({"units": {"x": {}}}, "units key 'x'", "'x'"),
+        ({"units": {"0": {"n_examples": 1}}}, "units.0", "{'n_examples': 1}"),
+        ({"format": "x" * 200}, "'format'", "'xxx"),
+    ],
+)
+def test_damaged_checkpoint_names_the_file_field_value_and_fix(
+    trf_ner_nlp, tmp_path, change, field, shown
+):
+    ckpt, state, data = _checkpoint_data(trf_ner_nlp, tmp_path)
+    data.update(change)
+    ckpt.path.write_text(json.dumps(data), encoding="utf8")
+    with pytest.raises(CheckpointMismatchError) as err:
+        ckpt.load(trf_ner_nlp, state.fingerprint)
+    text = str(err.value)
+    assert str(ckpt.path) in text and field in text and shown in text
+    assert "start over" in text and len(text) < 400  # a long value is cut short
+
+
+def test_checkpoint_nested_too_deep_is_refused(trf_ner_nlp, tmp_path):
+    ckpt, state, _ = _checkpoint_data(trf_ner_nlp, tmp_path)
+    ckpt.path.write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf8")
+    with pytest.raises(CheckpointMismatchError, match="Could not read the checkpoint"):
+        ckpt.load(trf_ner_nlp, state.fingerprint)
 
 
 @pytest.mark.gpu

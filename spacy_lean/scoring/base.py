@@ -131,7 +131,8 @@ def prf_dicts(per_type: Dict[str, PRFScore]) -> Dict[str, Dict[str, float]]:
 
 # -- Floats in JSON ------------------------------------------------------------
 # srsly.json_dumps keeps 10 significant digits, so floats whose exact value
-# matters (scores for ROC AUC, timings) travel as hex strings.
+# matters (scores for ROC AUC, timings) travel as hex strings (which also hold inf
+# and nan, where strict JSON cannot).
 
 
 def float_to_json(value: float) -> str:
