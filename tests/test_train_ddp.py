@@ -547,3 +547,77 @@ def test_two_gpu_ranks_batch_b_equal_one_gpu_rank_batch_2b(setup, gpu_one_rank, 
     single = params_of(gpu_one_rank / "model-last")
     diff = max_diff(single, params_of(tmp_path / "two" / "model-last"))
     assert diff < GPU_TOL, diff
+
+
+def run_tiny(root, output, *args, env=None, timeout=240):
+    """`spacy lean train` of `root`/config.cfg with `root`/probe_code.py as --code."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [
+        sys.executable, "-m", "spacy", "lean", "train", str(root / "config.cfg"),
+        "--output", str(output), "--code", str(root / "probe_code.py"), "--timeout", "60",
+        *[str(a) for a in args],
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_rank_the_loop_leaves_without_examples_warns(tmp_path):
+    """A stock reader is shared by the loop (example i to rank i % N): with fewer
+    examples than ranks, the rank left without any warns once, after a whole pass over
+    the reader, naming the reader, its path, the counts and the fix; listed
+    (max_epochs >= 0) or streamed (-1). The ranks with examples do not warn."""
+    import warnings
+
+    from spacy.training import Corpus
+
+    from spacy_lean.training.dist import DistContext
+    from spacy_lean.training.loop import RankBatches
+
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 1, seed=71, long_doc_rate=0.0)
+    nlp = spacy.blank("en")
+    corpus = Corpus(tmp_path / "train.spacy")
+    batcher = spacy.registry.batchers.get("spacy.batch_by_sequence.v1")(size=2, get_length=None)
+    name = f"[corpora.train] (spacy.Corpus.v1, {tmp_path / 'train.spacy'})"
+    for max_epochs in (0, -1):
+        for rank, n_batches in ((0, 1), (1, 0)):
+            ctx = DistContext(rank=rank, world_size=2)  # not joined: no collective runs
+            batches = RankBatches(nlp, corpus, batcher, max_epochs, ctx, name=name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for epoch in range(2):
+                    assert len(list(batches.epoch(epoch))) == n_batches
+            texts = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+            if rank == 0:
+                assert texts == []
+                continue
+            assert len(texts) == 1, texts  # once, not every epoch
+            text = texts[0]
+            assert text.startswith(name)
+            assert "shares the reader's 1 example(s) among 2 processes" in text
+            assert "rank 1 gets no data" in text
+            assert "at least 2 docs" in text and "--nproc" in text
+
+
+@pytest.mark.slow
+def test_a_rank_left_without_training_docs_by_the_stock_reader_warns(tmp_path, tiny_ner_config):
+    """`spacy lean train --nproc 2` on a 1-doc corpus read by the stock spacy.Corpus.v1
+    (shared among the ranks by the loop): the run ends normally on rank 0's doc, and
+    rank 1 says that it has no data, naming the corpus and the fix (it was silent).
+    About 20 s: two fresh processes."""
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 1, seed=53, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=54, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["training"].update(max_steps=4, eval_frequency=2)
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    paths = ["--paths.train", tmp_path / "train.spacy", "--paths.dev", tmp_path / "dev.spacy"]
+    proc = run_tiny(tmp_path, tmp_path / "out", "--nproc", "2", *paths)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert f"[corpora.train] (spacy.Corpus.v1, {tmp_path / 'train.spacy'})" in text
+    assert "shares the reader's 1 example(s) among 2 processes" in text
+    assert "rank 1 gets no data" in text and "--nproc" in text
+    assert "rank 0 gets no data" not in text
+    state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
+    assert state["step"] == 4 and [r["examples"] for r in state["ranks"]] == [1, 0]

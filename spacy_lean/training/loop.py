@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from timeit import default_timer as timer
 from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
@@ -83,13 +84,36 @@ def _reader_shares_itself(corpus, ctx: DistContext, what: str) -> bool:
     )
 
 
-def _share(examples, ctx: DistContext, shares_itself: bool):
+def _share(
+    examples,
+    ctx: DistContext,
+    shares_itself: bool,
+    on_pass: Optional[Callable[[int, int], None]] = None,
+):
+    """This rank's examples: every world-size-th one, unless the reader shares itself.
+    `on_pass(n_read, n_kept)` is called once a whole pass of the reader is read."""
     if shares_itself or not ctx.active:
         yield from examples
         return
+    n_read = n_kept = 0
     for i, eg in enumerate(examples):
+        n_read += 1
         if i % ctx.world_size == ctx.rank:
+            n_kept += 1
             yield eg
+    if on_pass is not None:
+        on_pass(n_read, n_kept)
+
+
+def _corpus_name(corpus, config: Optional[Dict[str, Any]], dotted: str) -> str:
+    """How a message names a reader: its registered name and path, e.g.
+    `[corpora.train] (spacy.Corpus.v1, corpus/train.spacy)`."""
+    section: Any = config
+    for key in dotted.split("."):
+        section = section.get(key) if isinstance(section, dict) else None
+    reader = section.get("@readers") if isinstance(section, dict) else None
+    details = [str(x) for x in (reader, getattr(corpus, "path", None)) if x is not None]
+    return f"[{dotted}]" + (f" ({', '.join(details)})" if details else "")
 
 
 class RankBatches:
@@ -97,13 +121,17 @@ class RankBatches:
     makes them from this rank's share of the corpus; an epoch can be replayed from its
     start, skipping what a previous run trained on."""
 
-    def __init__(self, nlp, corpus, batcher, max_epochs: int, ctx: DistContext):
+    def __init__(
+        self, nlp, corpus, batcher, max_epochs: int, ctx: DistContext, name: str = "corpora.train"
+    ):
         self.nlp = nlp
         self.corpus = corpus
         self.batcher = batcher
         self.max_epochs = max_epochs
         self.ctx = ctx
+        self.name = name  # how a message names the reader
         self.shares_itself = _reader_shares_itself(corpus, ctx, "corpora.train")
+        self._warned_empty = False
         self.examples: Optional[List] = None
         # Per epoch: what resuming needs to replay it.
         self.epoch_random: Any = None
@@ -128,7 +156,9 @@ class RankBatches:
         else:
             if hasattr(self.corpus, "set_state") and hasattr(self.corpus, "epoch"):
                 self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
-            examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself)
+            examples = _share(
+                self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass
+            )
         self.skipped = 0
         if skip_examples:
             for _ in zip(range(skip_examples), examples):
@@ -162,8 +192,28 @@ class RankBatches:
 
     def _listed(self) -> List:
         if self.examples is None:
-            self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
+            self.examples = list(
+                _share(self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass)
+            )
         return self.examples
+
+    def _check_pass(self, n_read: int, n_kept: int) -> None:
+        """After a whole pass over a reader the loop shares (every world-size-th
+        example to each rank): warn once if it gave examples, but none to this rank.
+        The run goes on (this rank sends zeros, the others train); a reader with no
+        example at all fails as in spaCy (E986)."""
+        if n_kept or not n_read or self._warned_empty:
+            return
+        self._warned_empty = True
+        size, rank = self.ctx.world_size, self.ctx.rank
+        warnings.warn(
+            f"{self.name}: the training loop shares the reader's {n_read} example(s) among "
+            f"{size} processes (example i goes to rank i % {size}): rank {rank} gets no data "
+            f"and only adds zeros to the others' gradients. Give the corpus at least {size} "
+            "docs (split long docs into several), or train on fewer processes (--nproc); "
+            "spacy-lean.Corpus.v1 reads only each rank's share.",
+            UserWarning,
+        )
 
     def count_examples(self, limit: int) -> int:
         """This rank's examples in an epoch, counted up to `limit`: a listed corpus
@@ -619,7 +669,14 @@ def train(
     loss_names = list(nlp.pipe_names)
     trainable = trainable_components(nlp, exclude=frozen)
     scalers = grad_scalers(nlp, exclude=frozen)  # mixed precision: steps skipped together
-    batches = RankBatches(nlp, train_corpus, T["batcher"], T["max_epochs"], ctx)
+    batches = RankBatches(
+        nlp,
+        train_corpus,
+        T["batcher"],
+        T["max_epochs"],
+        ctx,
+        name=_corpus_name(train_corpus, config, T["train_corpus"]),
+    )
     evaluate = make_distributed_evaluation(nlp, dev_corpus, score_weights, ctx)
 
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
