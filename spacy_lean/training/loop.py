@@ -231,6 +231,16 @@ class RankBatches:
             yield batch
 
 
+def sum_losses(per_rank: Sequence[Dict[str, float]]) -> Dict[str, float]:
+    """The losses of every rank summed by name, in order of first appearance (rank
+    order); a name only some ranks report is summed over those."""
+    summed: Dict[str, float] = {}
+    for losses in per_rank:
+        for name, value in losses.items():
+            summed[name] = summed.get(name, 0.0) + float(value)
+    return summed
+
+
 def _jsonable(state: Any) -> Any:
     """random.Random.getstate() as nested lists (JSON has no tuples)."""
     if isinstance(state, tuple):
@@ -839,10 +849,16 @@ def train(
                         policy=policy,
                     )
                 words = sum(len(eg) for eg in batch)
-            extras = [words]
+            # Losses under names that are no pipe's name (a component may report
+            # several): their names can differ per rank, so they are gathered as JSON
+            # after the all-reduce, in a step where some rank has one (a flag says so).
+            other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
+            extras = [words, 1.0 if other_losses else 0.0]
             extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
             extras += [step_losses.get(name, 0.0) for name in loss_names]
             summed = reducer.reduce(extras)
+            if summed[1] > 0:
+                other_losses = sum_losses(ctx.all_gather_json(other_losses))
             agree_on_overflow(ctx, scalers)
             for name, proc in trainable:
                 proc.finish_update(optimizer)
@@ -851,11 +867,10 @@ def train(
             words_seen += int(round(summed[0]))
             n = len(loss_names)
             for i, name in enumerate(loss_names):
-                if summed[1 + i] > 0:
-                    losses[name] = losses.get(name, 0.0) + float(summed[1 + n + i])
-            for name, value in step_losses.items():  # keys that are no pipe's name
-                if name not in loss_names:
-                    losses[name] = losses.get(name, 0.0) + value
+                if summed[2 + i] > 0:
+                    losses[name] = losses.get(name, 0.0) + float(summed[2 + n + i])
+            for name, value in other_losses.items():  # summed over the ranks
+                losses[name] = losses.get(name, 0.0) + value
             if not (step % eval_frequency):
                 with nlp.use_params(optimizer.averages):
                     score, other_scores = evaluate()
