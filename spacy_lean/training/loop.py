@@ -339,8 +339,9 @@ def save_training_state(
     nlp.to_disk(tmp / "model")
     state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
     # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
-    # decimals, which changed the saved losses, scores and cached gaussians.
-    text = json.dumps(state, indent=2)
+    # decimals, which changed the saved losses, scores and cached gaussians. Strict JSON:
+    # a non-finite float (the losses of a diverged run) is written as a string.
+    text = json.dumps(_strict_json(state), indent=2, allow_nan=False)
     (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
     old = path.with_name(path.name + ".old")
     if path.exists():
@@ -350,6 +351,31 @@ def save_training_state(
     tmp.rename(path)
     if old.exists():
         shutil.rmtree(old)
+
+
+# How state.json writes the floats strict JSON has no number for (Python's json and
+# older states write them as the bare tokens NaN, Infinity and -Infinity, which strict
+# readers refuse). float() reads each back.
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its NON_FINITE string."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _is_loss(value: Any) -> bool:
+    # A number (a bare NaN or Infinity in a state written before strict JSON), or the
+    # string a non-finite loss is written as now.
+    return type(value) in (int, float) or (type(value) is str and value in NON_FINITE)
 
 
 def read_training_state(output_path: Path) -> Dict[str, Any]:
@@ -376,6 +402,11 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
         )
     _check_state(state, file_)
+    if "losses" in state:
+        state["losses"] = {
+            name: NON_FINITE[value] if isinstance(value, str) else value
+            for name, value in state["losses"].items()
+        }
     return state
 
 
@@ -530,13 +561,15 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
     # Absent in states saved before the losses were: none carried over. A loss may be
-    # NaN or infinite (a diverged run logs it so, and its resume logs it alike).
+    # NaN or infinite (a diverged run logs it so, and its resume logs it alike): written
+    # as "NaN", "Infinity" or "-Infinity" (strict JSON), or bare in older states.
     losses = state.get("losses", {})
-    if not (isinstance(losses, dict) and all(type(v) in (int, float) for v in losses.values())):
+    if not (isinstance(losses, dict) and all(_is_loss(v) for v in losses.values())):
         fail(
             "losses",
             losses,
-            "an object of numbers by component (the losses summed since the last evaluation)",
+            "an object of numbers by component (the losses summed since the last "
+            'evaluation; "NaN", "Infinity" or "-Infinity" for one that is not finite)',
         )
 
 
