@@ -689,7 +689,9 @@ def tiny_one_rank(tiny_setup):
 
 
 @pytest.mark.slow
-def test_losses_under_other_names_are_summed_over_the_ranks(tiny_setup, tiny_two_ranks, tiny_one_rank):
+def test_losses_under_other_names_are_summed_over_the_ranks(
+    tiny_setup, tiny_two_ranks, tiny_one_rank
+):
     """A component reports losses under names that are no pipe's name (the examples it
     updated on, and 1 per step under a name of its rank's). With 2 ranks x 2 docs,
     what rank 0 logs is the sum over both ranks (it was rank 0's alone, and rank 1's
