@@ -269,6 +269,26 @@ def test_bad_budget_is_a_clear_error(trf_ner_nlp, bad):
         make_streaming_evaluate_v1(max_batch_tokens=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -5, 2.5, "4096", True])
+def test_lean_training_eval_budget_is_checked_like_the_streaming_callbacks(bad):
+    """`eval_max_batch_tokens` of spacy-lean.lean_training.v1 is refused as
+    `max_batch_tokens` of spacy-lean.streaming_evaluate.v1 is, when the config is
+    resolved (not at the first evaluation)."""
+    from spacy.util import registry
+
+    from spacy_lean.training.callbacks import make_lean_training_v1
+
+    with pytest.raises(ValueError, match=f"max_batch_tokens must be .* got {re.escape(repr(bad))}"):
+        make_lean_training_v1(eval_max_batch_tokens=bad)
+    if isinstance(bad, str):  # the config's type check reads "4096" as 4096
+        return
+    cfg = {"cb": {"@callbacks": "spacy-lean.lean_training.v1", "eval_max_batch_tokens": bad}}
+    # Whole numbers < 1 by our check; the rest by the config's type check (Optional[int]).
+    expected = "max_batch_tokens must be" if type(bad) is int else "eval_max_batch_tokens"
+    with pytest.raises(ValueError, match=expected):
+        registry.resolve(cfg)
+
+
 def test_oom_on_a_single_doc_is_raised(trf_ner_nlp, gold_docs):
     trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 0})
     with warnings.catch_warnings():
@@ -747,6 +767,7 @@ def test_spacy_lean_train_dev_evaluation_takes_the_callbacks_settings(
     callback), the defaults without one; the dev scores are the same."""
     from spacy.util import registry
 
+    from spacy_lean.streaming import resolve_max_batch_tokens
     from spacy_lean.training.dist import DistContext
     from spacy_lean.training.loop import make_distributed_evaluation
 
@@ -761,6 +782,8 @@ def test_spacy_lean_train_dev_evaluation_takes_the_callbacks_settings(
         ({"@callbacks": CALLBACK_NAME, "trim_slack_mb": None, "window_size": 0}, (False, 0), False),
         ({"@callbacks": "spacy-lean.lean_training.v1", "eval_trim_slack_mb": 10_000},
          (True, 10_000), True),
+        ({"@callbacks": "spacy-lean.lean_training.v1", "eval_max_batch_tokens": 64},
+         (True, 0), True),
     ):
         if callback is not None:
             registry.resolve({"cb": callback})["cb"](nlp)
@@ -772,6 +795,10 @@ def test_spacy_lean_train_dev_evaluation_takes_the_callbacks_settings(
         # After every batch; a 10 GB slack: the first batch only (it sets the level); never.
         expected_trims = {(True, 0): built[-1].n_batches, (True, 10_000): 1}.get(policy, 0)
         assert built[-1]._trimmer.n_trims == expected_trims
+        budget = (callback or {}).get("eval_max_batch_tokens")
+        # The budget reaches the evaluator (the default: the transformer's max_batch_items).
+        assert built[-1].max_batch_tokens == (budget or resolve_max_batch_tokens(nlp))
         results.append((score, without_speed(scores)))
     assert 0 < results[0][0] < 1
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
+    assert built[-1].n_batches > built[-2].n_batches  # 64 padded tokens: more, smaller batches

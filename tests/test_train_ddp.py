@@ -3,6 +3,7 @@ process, dev scores against `spacy evaluate`, a dying rank, resuming (also on an
 number of processes), only rank 0 writing. Every run is the real CLI in subprocesses
 with the tiny local transformer."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -547,3 +548,242 @@ def test_two_gpu_ranks_batch_b_equal_one_gpu_rank_batch_2b(setup, gpu_one_rank, 
     single = params_of(gpu_one_rank / "model-last")
     diff = max_diff(single, params_of(tmp_path / "two" / "model-last"))
     assert diff < GPU_TOL, diff
+
+
+# -- a tiny tok2vec + ner pipeline with probes, on 1 and 2 processes -----------------
+
+# Registered in the training processes with --code: a component that reports losses
+# under names that are no pipe's name (one of them differs per rank), one that records
+# the batches the dev evaluation pipes (docs' lengths, per rank), and a logger that
+# records what rank 0 logs.
+PROBE_CODE = """
+import json
+import os
+from spacy.language import Language
+from spacy.util import registry
+
+
+class LossProbe:
+    lean_loss_reduction = "sum"
+
+    def __call__(self, doc):
+        return doc
+
+    def update(self, examples, *, drop=0.0, sgd=None, losses=None):
+        rank = os.environ.get("RANK", "0")
+        for name, value in (("probe_examples", len(examples)), (f"probe_rank{rank}", 1.0)):
+            losses[name] = losses.get(name, 0.0) + value
+        return losses
+
+
+@Language.factory("test_ddp_loss_probe")
+def make_loss_probe(nlp, name):
+    return LossProbe()
+
+
+class EvalProbe:
+    def _record(self, docs):
+        out = os.environ.get("DDP_TEST_EVAL_DIR")
+        if out:
+            path = os.path.join(out, "rank" + os.environ.get("RANK", "0") + ".jsonl")
+            with open(path, "a", encoding="utf8") as file_:
+                file_.write(json.dumps([len(doc) for doc in docs]) + "\\n")
+
+    def __call__(self, doc):
+        self._record([doc])
+        return doc
+
+    def pipe(self, docs, batch_size=1000):
+        docs = list(docs)  # the streaming evaluator pipes one batch per call
+        self._record(docs)
+        yield from docs
+
+
+@Language.factory("test_ddp_eval_probe")
+def make_eval_probe(nlp, name):
+    return EvalProbe()
+
+
+@registry.loggers("test_ddp.losses_log.v1")
+def losses_log():
+    def setup_logger(nlp, stdout, stderr):
+        def log_step(info):
+            if info is not None:
+                with open(os.environ["DDP_TEST_LOSSES_LOG"], "a", encoding="utf8") as file_:
+                    file_.write(json.dumps([info["step"], info["losses"]]) + "\\n")
+
+        return log_step, lambda: None
+
+    return setup_logger
+"""
+
+EVAL_BUDGET = 60  # padded tokens per dev batch (eval_max_batch_tokens)
+
+
+def run_tiny(root, output, *args, env=None, timeout=240):
+    """`spacy lean train` of `root`/config.cfg with `root`/probe_code.py as --code."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [
+        sys.executable, "-m", "spacy", "lean", "train", str(root / "config.cfg"),
+        "--output", str(output), "--code", str(root / "probe_code.py"), "--timeout", "60",
+        *[str(a) for a in args],
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory, tiny_ner_config):
+    """tok2vec + ner + the two probes, stock spacy.Corpus.v1 for train (8 docs) and dev
+    (6 docs), batches of 2 docs per rank, 4 steps (0-3) with evaluations at 0 and 2, the
+    dev evaluation's budget set in spacy-lean.lean_training.v1."""
+    root = tmp_path_factory.mktemp("tiny_ddp")
+    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=61, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(root / "dev.spacy", 6, seed=62, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["nlp"]["pipeline"] = ["tok2vec", "ner", "loss_probe", "eval_probe"]
+    config["components"]["loss_probe"] = {"factory": "test_ddp_loss_probe"}
+    config["components"]["eval_probe"] = {"factory": "test_ddp_eval_probe"}
+    config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": "spacy-lean.lean_training.v1",
+        "eval_max_batch_tokens": EVAL_BUDGET,
+    }
+    config["training"]["batcher"] = {
+        "@batchers": "spacy.batch_by_sequence.v1", "size": 2, "get_length": None,
+    }  # fmt: skip
+    config["training"]["logger"] = {"@loggers": "test_ddp.losses_log.v1"}
+    config["training"].update(max_steps=3, eval_frequency=2, dropout=0.0)
+    config.to_disk(root / "config.cfg")
+    (root / "probe_code.py").write_text(PROBE_CODE, encoding="utf8")
+    return root
+
+
+def tiny_run(root, name, *args):
+    """Run into root/name; RETURNS (process, {step: losses logged}, {rank: dev batches})."""
+    out = root / name
+    evals = root / (name + "-eval")
+    evals.mkdir()
+    log = root / (name + "-losses.jsonl")
+    env = {"DDP_TEST_EVAL_DIR": str(evals), "DDP_TEST_LOSSES_LOG": str(log)}
+    proc = run_tiny(root, out, *args, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logged = {step: losses for step, losses in map(json.loads, log.read_text().splitlines())}
+    batches = {
+        int(path.stem[len("rank"):]): [json.loads(line) for line in path.read_text().splitlines()]
+        for path in evals.glob("rank*.jsonl")
+    }
+    return proc, logged, batches
+
+
+@pytest.fixture(scope="module")
+def tiny_two_ranks(tiny_setup):
+    return tiny_run(tiny_setup, "two", "--nproc", "2")
+
+
+@pytest.fixture(scope="module")
+def tiny_one_rank(tiny_setup):
+    return tiny_run(tiny_setup, "one", "--training.batcher.size", "4")
+
+
+@pytest.mark.slow
+def test_losses_under_other_names_are_summed_over_the_ranks(
+    tiny_setup, tiny_two_ranks, tiny_one_rank
+):
+    """A component reports losses under names that are no pipe's name (the examples it
+    updated on, and 1 per step under a name of its rank's). With 2 ranks x 2 docs,
+    what rank 0 logs is the sum over both ranks (it was rank 0's alone, and rank 1's
+    name was missing), as one process with 4 docs a step logs it; the state saved at
+    step 3 holds step 3's sums. About 25 s: 3 fresh processes."""
+    _, two, _ = tiny_two_ranks
+    _, one, _ = tiny_one_rank
+    assert sorted(two) == sorted(one) == [0, 2]
+    expected = {0: {"probe_examples": 4.0, "probe_rank0": 1.0, "probe_rank1": 1.0},
+                2: {"probe_examples": 8.0, "probe_rank0": 2.0, "probe_rank1": 2.0}}  # fmt: skip
+    for step, sums in expected.items():
+        assert {k: v for k, v in two[step].items() if k.startswith("probe")} == sums, step
+        assert one[step]["probe_examples"] == sums["probe_examples"]
+        assert one[step]["probe_rank0"] == sums["probe_rank0"]
+        assert two[step]["ner"] > 0  # the pipes' losses are there too
+    state = srsly.read_json(tiny_setup / "two" / "training-state" / "state.json")
+    assert state["step"] == 3
+    assert {k: v for k, v in state["losses"].items() if k.startswith("probe")} == {
+        "probe_examples": 4.0, "probe_rank0": 1.0, "probe_rank1": 1.0,
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_eval_max_batch_tokens_reaches_the_dev_evaluation(tiny_two_ranks, tiny_one_rank):
+    """spacy-lean.lean_training.v1's eval_max_batch_tokens is the padded-token budget
+    of every dev batch of `spacy lean train`, on one process and on each of 2 ranks
+    (without it, the 6 dev docs were one batch of several hundred padded tokens)."""
+    for _, _, batches in (tiny_one_rank, tiny_two_ranks):
+        for rank, piped in batches.items():
+            assert all(len(b) == 1 or len(b) * max(b) <= EVAL_BUDGET for b in piped), piped
+        lengths = sorted(n for piped in batches.values() for b in piped for n in b)
+        assert len(lengths) == 6 * 2  # evaluated at steps 0 and 2: every doc once each
+        assert len(lengths) * max(lengths) > EVAL_BUDGET  # the budget binds
+    assert sorted(tiny_two_ranks[2]) == [0, 1] and sorted(tiny_one_rank[2]) == [0]
+
+
+def test_a_rank_the_loop_leaves_without_examples_warns(tmp_path):
+    """A stock reader is shared by the loop (example i to rank i % N): with fewer
+    examples than ranks, the rank left without any warns once, after a whole pass over
+    the reader, naming the reader, its path, the counts and the fix; listed
+    (max_epochs >= 0) or streamed (-1). The ranks with examples do not warn."""
+    import warnings
+
+    from spacy.training import Corpus
+
+    from spacy_lean.training.dist import DistContext
+    from spacy_lean.training.loop import RankBatches
+
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 1, seed=71, long_doc_rate=0.0)
+    nlp = spacy.blank("en")
+    corpus = Corpus(tmp_path / "train.spacy")
+    batcher = spacy.registry.batchers.get("spacy.batch_by_sequence.v1")(size=2, get_length=None)
+    name = f"[corpora.train] (spacy.Corpus.v1, {tmp_path / 'train.spacy'})"
+    for max_epochs in (0, -1):
+        for rank, n_batches in ((0, 1), (1, 0)):
+            ctx = DistContext(rank=rank, world_size=2)  # not joined: no collective runs
+            batches = RankBatches(nlp, corpus, batcher, max_epochs, ctx, name=name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for epoch in range(2):
+                    assert len(list(batches.epoch(epoch))) == n_batches
+            texts = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+            if rank == 0:
+                assert texts == []
+                continue
+            assert len(texts) == 1, texts  # once, not every epoch
+            text = texts[0]
+            assert text.startswith(name)
+            assert "shares the reader's 1 example(s) among 2 processes" in text
+            assert "rank 1 gets no data" in text
+            assert "at least 2 docs" in text and "--nproc" in text
+
+
+@pytest.mark.slow
+def test_a_rank_left_without_training_docs_by_the_stock_reader_warns(tmp_path, tiny_ner_config):
+    """`spacy lean train --nproc 2` on a 1-doc corpus read by the stock spacy.Corpus.v1
+    (shared among the ranks by the loop): the run ends normally on rank 0's doc, and
+    rank 1 says that it has no data, naming the corpus and the fix (it was silent).
+    About 20 s: two fresh processes."""
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 1, seed=53, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=54, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["training"].update(max_steps=4, eval_frequency=2)
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    paths = ["--paths.train", tmp_path / "train.spacy", "--paths.dev", tmp_path / "dev.spacy"]
+    proc = run_tiny(tmp_path, tmp_path / "out", "--nproc", "2", *paths)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert f"[corpora.train] (spacy.Corpus.v1, {tmp_path / 'train.spacy'})" in text
+    assert "shares the reader's 1 example(s) among 2 processes" in text
+    assert "rank 1 gets no data" in text and "--nproc" in text
+    assert "rank 0 gets no data" not in text
+    state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
+    assert state["step"] == 4 and [r["examples"] for r in state["ranks"]] == [1, 0]

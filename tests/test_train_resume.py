@@ -9,6 +9,7 @@ corpus."""
 
 import contextlib
 import copy
+import json
 import os
 import pickle
 import shutil
@@ -170,6 +171,13 @@ BAD_FIELDS = [
     (("losses",), {"ner": "1.5"}, "losses must be an object of numbers"),
     (("losses",), {"ner": None}, "losses must be an object of numbers"),
     (("losses",), {"ner": True}, "losses must be an object of numbers"),
+    # Non-finite losses are written as these exact strings; no other string passes.
+    (("losses",), {"ner": "nan"}, "losses must be an object of numbers"),
+    (("losses",), {"ner": "Inf"}, "losses must be an object of numbers"),
+    (("losses",), {"ner": "NaN "}, "losses must be an object of numbers"),
+    (("losses",), {"ner": ["NaN"]}, "losses must be an object of numbers"),
+    (("results", 0), ["NaN", 0], "results[0] must be a [score, step] pair"),
+    (("seconds",), "Infinity", "seconds must be a number >= 0"),
 ]
 
 
@@ -363,6 +371,112 @@ def test_resume_logs_the_losses_of_an_uninterrupted_run(setup, tmp_path):
     assert sorted(resumed) == [4]
     assert {**first, **resumed} == whole  # scores and losses, number for number
     same_run(out, tmp_path / "whole")
+
+
+@spacy.Language.factory("test_train_resume_loss_probe", default_config={"report": {}})
+def make_loss_probe(nlp, name, report):
+    """A component with no model that reports a fixed loss per update under each name
+    of `report` ({name: float text}): a diverged run's NaN and infinite losses."""
+    return _LossProbe(report)
+
+
+class _LossProbe:
+    lean_loss_reduction = "sum"
+
+    def __init__(self, report):
+        self.report = {name: float(value) for name, value in report.items()}
+
+    def __call__(self, doc):
+        return doc
+
+    def update(self, examples, *, drop=0.0, sgd=None, losses=None):
+        for name, value in self.report.items():
+            losses[name] = losses.get(name, 0.0) + value
+        return losses
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory, tiny_ner_config):
+    """The setup's run with a probe reporting NaN, +inf and -inf losses every step, as
+    a diverged run logs them. (Under names that are no pipe's: a pipe's NaN loss goes
+    into meta.json, which spaCy's srsly cannot write, so the run would stop at its first
+    evaluation, as `spacy train` does.)"""
+    root = tmp_path_factory.mktemp("diverged")
+    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41)
+    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
+    config = tiny_ner_config()
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2)
+    config["nlp"]["pipeline"] = ["tok2vec", "ner", "probe"]
+    config["components"]["probe"] = {
+        "factory": "test_train_resume_loss_probe",
+        "report": {"diverged": "nan", "overflow": "inf", "underflow": "-inf"},
+    }
+    config.to_disk(root / "config.cfg")
+    return root
+
+
+def _comparable(logged):
+    """Logged {step: (score, losses)} with NaN comparable (NaN != NaN)."""
+    return {
+        step: (score, {name: repr(value) for name, value in losses.items()})
+        for step, (score, losses) in logged.items()
+    }
+
+
+def _refuse_constant(token):
+    raise ValueError(f"not strict JSON: {token}")
+
+
+NON_FINITE_LOSSES = {"diverged": "NaN", "overflow": "Infinity", "underflow": "-Infinity"}
+
+
+def test_non_finite_losses_are_saved_as_strict_json_and_resume_alike(diverged, tmp_path):
+    """A diverged run's NaN and infinite losses are saved in state.json as the strings
+    "NaN", "Infinity" and "-Infinity" (strict JSON: Python's json wrote the bare tokens,
+    which strict readers refuse), read back as floats, and the resumed run logs what the
+    uninterrupted one logs (NaN as NaN, the infinities with their sign)."""
+    whole = logged_run(diverged, tmp_path / "whole")
+    assert sorted(whole) == [0, 2, 4]
+    assert repr(whole[2][1]["diverged"]) == "nan" and whole[2][1]["underflow"] == float("-inf")
+    out = tmp_path / "run"
+    first = logged_run(diverged, out, **{"training.max_steps": 3})
+    path = out / "training-state" / "state.json"
+    text = path.read_text(encoding="utf8")
+    strict = json.loads(text, parse_constant=_refuse_constant)  # no NaN/Infinity token
+    assert {k: strict["losses"][k] for k in NON_FINITE_LOSSES} == NON_FINITE_LOSSES
+    assert strict["losses"]["ner"] > 0
+    state = read_training_state(out)
+    assert repr(state["losses"]["diverged"]) == "nan"
+    assert state["losses"]["overflow"] == float("inf")
+    assert state["losses"]["underflow"] == float("-inf")
+    resumed = logged_run(diverged, out, resume=True)
+    assert sorted(resumed) == [4]
+    assert _comparable({**first, **resumed}) == _comparable(whole)
+    # The final state (at epoch 2, losses of step 5) is strict JSON too.
+    json.loads(path.read_text(encoding="utf8"), parse_constant=_refuse_constant)
+
+
+def test_a_state_with_bare_nan_losses_is_read_and_resumed(diverged, tmp_path):
+    """States written before strict JSON hold bare NaN / Infinity / -Infinity tokens
+    (Python's json): they are read, and resume as the strict ones do."""
+    whole = logged_run(diverged, tmp_path / "whole")
+    out = tmp_path / "run"
+    first = logged_run(diverged, out, **{"training.max_steps": 3})
+    path = out / "training-state" / "state.json"
+    state = json.loads(path.read_text(encoding="utf8"))
+    state["losses"] = {
+        name: float(value) if isinstance(value, str) else value
+        for name, value in state["losses"].items()
+    }
+    old_text = json.dumps(state, indent=2)  # as loop.py wrote it before
+    assert "NaN" in old_text and "-Infinity" in old_text and '"NaN"' not in old_text
+    path.write_text(old_text, encoding="utf8")
+    read = read_training_state(out)["losses"]
+    assert repr(read["diverged"]) == "nan" and read["underflow"] == float("-inf")
+    resumed = logged_run(diverged, out, resume=True)
+    assert _comparable({**first, **resumed}) == _comparable(whole)
 
 
 # -- optimizer.npz ------------------------------------------------------------------

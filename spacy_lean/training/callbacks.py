@@ -10,7 +10,7 @@ from spacy.util import registry
 from thinc.api import Optimizer
 
 from ..memory import DEFAULT_TRIM_SLACK_MB
-from ..streaming import check_trim_slack_mb, install_streaming_evaluate
+from ..streaming import check_max_batch_tokens, check_trim_slack_mb, install_streaming_evaluate
 from .update import UpdatePolicy, lean_update
 
 CALLBACK_NAME = "spacy-lean.lean_training.v1"
@@ -96,6 +96,7 @@ def make_lean_training_v1(
     gradient_checkpointing: bool = False,
     streaming_evaluate: bool = True,
     eval_window_size: Optional[int] = None,
+    eval_max_batch_tokens: Optional[int] = None,
     eval_trim_slack_mb: Optional[float] = 0.0,
     exact_parser_gradient: bool = True,
     trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB,
@@ -118,6 +119,9 @@ def make_lean_training_v1(
         backward pass instead of keeping them.
     streaming_evaluate (bool): also make `nlp.evaluate` streaming.
     eval_window_size (Optional[int]): its read-ahead window (see `spacy_lean.evaluate`).
+    eval_max_batch_tokens (Optional[int]): its padded tokens per batch, the memory
+        budget (see `spacy_lean.evaluate`); null for the transformer's
+        `max_batch_items`, else 4096.
     eval_trim_slack_mb (Optional[float]): its heap trimming: after every batch (0), only
         past this many MB above the working level, or never (null); see
         `spacy_lean.evaluate` (`trim_slack_mb`).
@@ -133,6 +137,8 @@ def make_lean_training_v1(
     """
     # Validate the settings when the config is resolved, not at the first batch.
     UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
+    if eval_max_batch_tokens is not None:
+        check_max_batch_tokens(eval_max_batch_tokens)
     check_trim_slack_mb(eval_trim_slack_mb)
 
     def after_pipeline_creation(nlp: Language) -> Language:
@@ -147,7 +153,10 @@ def make_lean_training_v1(
         install_lean_update(nlp, policy)
         if streaming_evaluate:
             install_streaming_evaluate(
-                nlp, window_size=eval_window_size, trim_slack_mb=eval_trim_slack_mb
+                nlp,
+                window_size=eval_window_size,
+                max_batch_tokens=eval_max_batch_tokens,
+                trim_slack_mb=eval_trim_slack_mb,
             )
         return nlp
 

@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from timeit import default_timer as timer
 from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
@@ -83,13 +84,36 @@ def _reader_shares_itself(corpus, ctx: DistContext, what: str) -> bool:
     )
 
 
-def _share(examples, ctx: DistContext, shares_itself: bool):
+def _share(
+    examples,
+    ctx: DistContext,
+    shares_itself: bool,
+    on_pass: Optional[Callable[[int, int], None]] = None,
+):
+    """This rank's examples: every world-size-th one, unless the reader shares itself.
+    `on_pass(n_read, n_kept)` is called once a whole pass of the reader is read."""
     if shares_itself or not ctx.active:
         yield from examples
         return
+    n_read = n_kept = 0
     for i, eg in enumerate(examples):
+        n_read += 1
         if i % ctx.world_size == ctx.rank:
+            n_kept += 1
             yield eg
+    if on_pass is not None:
+        on_pass(n_read, n_kept)
+
+
+def _corpus_name(corpus, config: Optional[Dict[str, Any]], dotted: str) -> str:
+    """How a message names a reader: its registered name and path, e.g.
+    `[corpora.train] (spacy.Corpus.v1, corpus/train.spacy)`."""
+    section: Any = config
+    for key in dotted.split("."):
+        section = section.get(key) if isinstance(section, dict) else None
+    reader = section.get("@readers") if isinstance(section, dict) else None
+    details = [str(x) for x in (reader, getattr(corpus, "path", None)) if x is not None]
+    return f"[{dotted}]" + (f" ({', '.join(details)})" if details else "")
 
 
 class RankBatches:
@@ -97,13 +121,17 @@ class RankBatches:
     makes them from this rank's share of the corpus; an epoch can be replayed from its
     start, skipping what a previous run trained on."""
 
-    def __init__(self, nlp, corpus, batcher, max_epochs: int, ctx: DistContext):
+    def __init__(
+        self, nlp, corpus, batcher, max_epochs: int, ctx: DistContext, name: str = "corpora.train"
+    ):
         self.nlp = nlp
         self.corpus = corpus
         self.batcher = batcher
         self.max_epochs = max_epochs
         self.ctx = ctx
+        self.name = name  # how a message names the reader
         self.shares_itself = _reader_shares_itself(corpus, ctx, "corpora.train")
+        self._warned_empty = False
         self.examples: Optional[List] = None
         # Per epoch: what resuming needs to replay it.
         self.epoch_random: Any = None
@@ -128,7 +156,9 @@ class RankBatches:
         else:
             if hasattr(self.corpus, "set_state") and hasattr(self.corpus, "epoch"):
                 self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
-            examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself)
+            examples = _share(
+                self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass
+            )
         self.skipped = 0
         if skip_examples:
             for _ in zip(range(skip_examples), examples):
@@ -162,8 +192,28 @@ class RankBatches:
 
     def _listed(self) -> List:
         if self.examples is None:
-            self.examples = list(_share(self.corpus(self.nlp), self.ctx, self.shares_itself))
+            self.examples = list(
+                _share(self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass)
+            )
         return self.examples
+
+    def _check_pass(self, n_read: int, n_kept: int) -> None:
+        """After a whole pass over a reader the loop shares (every world-size-th
+        example to each rank): warn once if it gave examples, but none to this rank.
+        The run goes on (this rank sends zeros, the others train); a reader with no
+        example at all fails as in spaCy (E986)."""
+        if n_kept or not n_read or self._warned_empty:
+            return
+        self._warned_empty = True
+        size, rank = self.ctx.world_size, self.ctx.rank
+        warnings.warn(
+            f"{self.name}: the training loop shares the reader's {n_read} example(s) among "
+            f"{size} processes (example i goes to rank i % {size}): rank {rank} gets no data "
+            f"and only adds zeros to the others' gradients. Give the corpus at least {size} "
+            "docs (split long docs into several), or train on fewer processes (--nproc); "
+            "spacy-lean.Corpus.v1 reads only each rank's share.",
+            UserWarning,
+        )
 
     def count_examples(self, limit: int) -> int:
         """This rank's examples in an epoch, counted up to `limit`: a listed corpus
@@ -179,6 +229,16 @@ class RankBatches:
             self.batches += 1
             self.n_examples += len(batch)
             yield batch
+
+
+def sum_losses(per_rank: Sequence[Dict[str, float]]) -> Dict[str, float]:
+    """The losses of every rank summed by name, in order of first appearance (rank
+    order); a name only some ranks report is summed over those."""
+    summed: Dict[str, float] = {}
+    for losses in per_rank:
+        for name, value in losses.items():
+            summed[name] = summed.get(name, 0.0) + float(value)
+    return summed
 
 
 def _jsonable(state: Any) -> Any:
@@ -279,8 +339,9 @@ def save_training_state(
     nlp.to_disk(tmp / "model")
     state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
     # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
-    # decimals, which changed the saved losses, scores and cached gaussians.
-    text = json.dumps(state, indent=2)
+    # decimals, which changed the saved losses, scores and cached gaussians. Strict JSON:
+    # a non-finite float (the losses of a diverged run) is written as a string.
+    text = json.dumps(_strict_json(state), indent=2, allow_nan=False)
     (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
     old = path.with_name(path.name + ".old")
     if path.exists():
@@ -290,6 +351,31 @@ def save_training_state(
     tmp.rename(path)
     if old.exists():
         shutil.rmtree(old)
+
+
+# How state.json writes the floats strict JSON has no number for (Python's json and
+# older states write them as the bare tokens NaN, Infinity and -Infinity, which strict
+# readers refuse). float() reads each back.
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its NON_FINITE string."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _is_loss(value: Any) -> bool:
+    # A number (a bare NaN or Infinity in a state written before strict JSON), or the
+    # string a non-finite loss is written as now.
+    return type(value) in (int, float) or (type(value) is str and value in NON_FINITE)
 
 
 def read_training_state(output_path: Path) -> Dict[str, Any]:
@@ -316,6 +402,11 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
         )
     _check_state(state, file_)
+    if "losses" in state:
+        state["losses"] = {
+            name: NON_FINITE[value] if isinstance(value, str) else value
+            for name, value in state["losses"].items()
+        }
     return state
 
 
@@ -470,13 +561,15 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
     # Absent in states saved before the losses were: none carried over. A loss may be
-    # NaN or infinite (a diverged run logs it so, and its resume logs it alike).
+    # NaN or infinite (a diverged run logs it so, and its resume logs it alike): written
+    # as "NaN", "Infinity" or "-Infinity" (strict JSON), or bare in older states.
     losses = state.get("losses", {})
-    if not (isinstance(losses, dict) and all(type(v) in (int, float) for v in losses.values())):
+    if not (isinstance(losses, dict) and all(_is_loss(v) for v in losses.values())):
         fail(
             "losses",
             losses,
-            "an object of numbers by component (the losses summed since the last evaluation)",
+            "an object of numbers by component (the losses summed since the last "
+            'evaluation; "NaN", "Infinity" or "-Infinity" for one that is not finite)',
         )
 
 
@@ -619,7 +712,14 @@ def train(
     loss_names = list(nlp.pipe_names)
     trainable = trainable_components(nlp, exclude=frozen)
     scalers = grad_scalers(nlp, exclude=frozen)  # mixed precision: steps skipped together
-    batches = RankBatches(nlp, train_corpus, T["batcher"], T["max_epochs"], ctx)
+    batches = RankBatches(
+        nlp,
+        train_corpus,
+        T["batcher"],
+        T["max_epochs"],
+        ctx,
+        name=_corpus_name(train_corpus, config, T["train_corpus"]),
+    )
     evaluate = make_distributed_evaluation(nlp, dev_corpus, score_weights, ctx)
 
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
@@ -782,10 +882,16 @@ def train(
                         policy=policy,
                     )
                 words = sum(len(eg) for eg in batch)
-            extras = [words]
+            # Losses under names that are no pipe's name (a component may report
+            # several): their names can differ per rank, so they are gathered as JSON
+            # after the all-reduce, in a step where some rank has one (a flag says so).
+            other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
+            extras = [words, 1.0 if other_losses else 0.0]
             extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
             extras += [step_losses.get(name, 0.0) for name in loss_names]
             summed = reducer.reduce(extras)
+            if summed[1] > 0:
+                other_losses = sum_losses(ctx.all_gather_json(other_losses))
             agree_on_overflow(ctx, scalers)
             for name, proc in trainable:
                 proc.finish_update(optimizer)
@@ -794,11 +900,10 @@ def train(
             words_seen += int(round(summed[0]))
             n = len(loss_names)
             for i, name in enumerate(loss_names):
-                if summed[1 + i] > 0:
-                    losses[name] = losses.get(name, 0.0) + float(summed[1 + n + i])
-            for name, value in step_losses.items():  # keys that are no pipe's name
-                if name not in loss_names:
-                    losses[name] = losses.get(name, 0.0) + value
+                if summed[2 + i] > 0:
+                    losses[name] = losses.get(name, 0.0) + float(summed[2 + n + i])
+            for name, value in other_losses.items():  # summed over the ranks
+                losses[name] = losses.get(name, 0.0) + value
             if not (step % eval_frequency):
                 with nlp.use_params(optimizer.averages):
                     score, other_scores = evaluate()
