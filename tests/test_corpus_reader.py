@@ -380,6 +380,43 @@ def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
             assert [d.text for part in parts for d in part] == accepted
 
 
+def test_jsonl_empty_entity_list_is_annotation_not_missing(nlp, tmp_path):
+    """`"entities": []` says a text has no entities: every token is "O" (as spaCy's
+    Example.from_dict reads it), so a prediction there is a false positive and training
+    learns "O". It was read as *missing* annotation: a .jsonl dev set scored higher
+    precision than the same docs as .spacy. No key (or null) stays missing; an empty
+    "spans" list is an empty span group (or, with jsonl_spans_key = "ents", no entities)."""
+    from spacy_lean.corpus.sources import iter_shard_docs
+
+    records = [
+        {"text": "Nothing to see here .", "entities": []},
+        {"text": "Nothing annotated here ."},
+        {"text": "Nothing annotated here either .", "entities": None},
+        {"text": "No spans here .", "spans": []},
+        {"text": "Ada is here .", "entities": [[0, 3, "PER"]]},
+    ]
+    path = tmp_path / "e.jsonl"
+    srsly.write_jsonl(path, records)
+    docs = list(iter_shard_docs(path, nlp.vocab, nlp=nlp))
+    assert [d.has_annotation("ENT_IOB") for d in docs] == [True, False, False, False, True]
+    assert {t.ent_iob_ for t in docs[0]} == {"O"}
+    assert {t.ent_iob_ for t in docs[1]} == {""}
+    assert "sc" in docs[3].spans and len(docs[3].spans["sc"]) == 0
+    assert [t.ent_iob_ for t in docs[4]] == ["B", "O", "O", "O"]
+    as_ents = list(iter_shard_docs(path, nlp.vocab, {"spans_key": "ents"}, nlp=nlp))
+    assert {t.ent_iob_ for t in as_ents[3]} == {"O"}  # Prodigy's accepted "no entities"
+    # Through the reader, cut by max_length: every piece keeps the "O" annotation.
+    pieces = [eg.reference for eg in LeanCorpus(path, max_length=2)(nlp)]
+    assert {t.ent_iob_ for p in pieces if p.text.startswith("Nothing to") for t in p} == {"O"}
+    # doc_to_record writes the difference back: no key for a doc without entity annotation.
+    assert "entities" not in doc_to_record(docs[1])
+    assert doc_to_record(docs[0])["entities"] == []
+    again = tmp_path / "again.jsonl"
+    srsly.write_jsonl(again, [doc_to_record(d) for d in docs])
+    redone = list(iter_shard_docs(again, nlp.vocab, nlp=nlp))
+    assert [[t.ent_iob_ for t in d] for d in redone] == [[t.ent_iob_ for t in d] for d in docs]
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])

@@ -6,10 +6,13 @@ One JSON object per line:
 - "tokens" (list, optional): `[{"text": ..., "ws": bool}, ...]` (Prodigy's form) to
   use a given tokenization instead; it must reproduce "text" exactly.
 - "entities" (list, optional): `[start_char, end_char, label]` triples or
-  `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`).
+  `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`); every other
+  token is outside an entity ("O"), so `[]` says the text has none. Without the key
+  (or with null) the doc's entity annotation is missing (not scored, not trained).
 - "spans" (list or dict, optional): a list in the same forms goes to the span group
   named by `spans_key` (default "sc"; `spans_key = "ents"` makes them the entities,
-  as Prodigy's NER output needs); a dict maps span-group names to such lists.
+  as Prodigy's NER output needs); a dict maps span-group names to such lists. An
+  empty list is annotation too: an empty span group (or, for "ents", no entities).
 - "cats" (dict, optional): label -> score, the doc's categories.
 - "meta" (dict, optional): kept in `doc.user_data["meta"]`.
 - "answer" (str, optional): Prodigy's verdict. A record answered "reject" or "ignore"
@@ -128,20 +131,23 @@ def doc_from_record(
             )
     else:
         doc = nlp.make_doc(text)
-    ents: List[Span] = []
-    if record.get("entities"):
-        ents.extend(_spans(doc, record["entities"], where, "entities"))
+    # An entity list that is there, even empty, is annotation: every token outside an
+    # entity is "O" (as spaCy's Example.from_dict reads "entities": []). Only a record
+    # without one leaves the entity annotation missing.
+    ents: Optional[List[Span]] = None
+    if record.get("entities") is not None:
+        ents = _spans(doc, record["entities"], where, "entities")
     spans = record.get("spans")
     if isinstance(spans, dict):
         for key, items in spans.items():
             doc.spans[key] = _spans(doc, items, where, f"spans.{key}")
-    elif spans:
+    elif spans is not None:
         items = _spans(doc, spans, where, "spans")
         if spans_key == "ents":
-            ents.extend(items)
+            ents = (ents or []) + items
         else:
             doc.spans[spans_key] = items
-    if ents:
+    if ents is not None:
         try:
             doc.set_ents(ents)
         except ValueError as err:
@@ -189,12 +195,15 @@ def _triple(item: Any, where: str, field: str):
 
 def doc_to_record(doc: Doc) -> dict:
     """The JSONL record for a doc (text, tokens, entities, span groups, cats): the
-    inverse of `doc_from_record`, for tests and conversions."""
+    inverse of `doc_from_record`, for tests and conversions. A doc without entity
+    annotation gets no "entities" key; tokens whose annotation is missing in a doc that
+    has some (spaCy's "-") cannot be written in this format and read back as "O"."""
     record: dict = {
         "text": doc.text,
         "tokens": [{"text": t.text, "ws": bool(t.whitespace_)} for t in doc],
-        "entities": [[e.start_char, e.end_char, e.label_] for e in doc.ents],
     }
+    if doc.has_annotation("ENT_IOB"):
+        record["entities"] = [[e.start_char, e.end_char, e.label_] for e in doc.ents]
     if doc.spans:
         record["spans"] = {
             key: [[s.start_char, s.end_char, s.label_] for s in group]
