@@ -489,6 +489,33 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         list(LeanCorpus(path)(nlp))
 
 
+@pytest.mark.parametrize(
+    "record,message",
+    [
+        ({"text": "y z", "tokens": [{"ws": True}]}, r'"tokens" must be a list of'),
+        ({"text": "y z", "tokens": "y z"}, r'"tokens" must be a list of'),
+        ({"text": "y", "cats": {"A": "high"}}, r'"cats" must map each label to a number'),
+        ({"text": "y", "entities": [["a", 1, "X"]]}, r"whole-number character offsets"),
+        ({"text": "y z", "entities": [[0, 1.5, "X"]]}, r"whole-number character offsets"),
+        ({"text": "y", "entities": [{"start": 0, "label": "X"}]}, r"must be \[start, end, label\]"),
+    ],
+    ids=["token-without-text", "tokens-not-a-list", "cat-not-a-number", "offset-not-a-number",
+         "offset-not-whole", "offset-missing"],
+)
+def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):
+    """Records of the wrong shape came out as a bare KeyError traceback ("tokens"
+    without "text") or a message without the file and line ("could not convert string
+    to float", "invalid literal for int()"). Each now names file:line and the fix, as
+    a CorruptShardError (a ValueError) that `spacy lean evaluate` prints; offsets given
+    as 3.0 or "3" are still read."""
+    path = tmp_path / "bad.jsonl"
+    srsly.write_jsonl(path, [{"text": "fine"}, record])
+    with pytest.raises(CorruptShardError, match=r"bad\.jsonl:2: .*" + message):
+        list(LeanCorpus(path)(nlp))
+    srsly.write_jsonl(path, [{"text": "Ada met Bo", "entities": [[0.0, "3", "PER"]]}])
+    assert [e.text for e in next(iter(LeanCorpus(path)(nlp))).reference.ents] == ["Ada"]
+
+
 def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):
     doc = Doc(nlp.vocab, words=list("abcdefghij"))
     doc.ents = [Span(doc, 1, 8, label="LONG")]

@@ -65,7 +65,17 @@ def iter_jsonl_docs(
         if answer in NOT_GOLD_ANSWERS:
             skipped[answer] = skipped.get(answer, 0) + 1
             continue
-        yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
+        where = f"{path}:{line_no}"
+        try:
+            doc = doc_from_record(nlp, record, where=where, spans_key=spans_key)
+        except (KeyError, TypeError, AttributeError, IndexError) as err:
+            # A shape doc_from_record does not check: still name the line, not a traceback.
+            raise ValueError(
+                f"{where}: could not read the record ({type(err).__name__}: {err}). Check it "
+                'against the .jsonl record format: "text", "tokens", "entities", "spans", '
+                '"cats", "meta".'
+            ) from err
+        yield doc
     if skipped:
         counts = " and ".join(f'{n} "{answer}"' for answer, n in sorted(skipped.items()))
         warnings.warn(
@@ -121,6 +131,14 @@ def doc_from_record(
     text = record["text"]
     tokens = record.get("tokens")
     if tokens:
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text"), str) for t in tokens
+        ):
+            raise ValueError(
+                f'{where}: "tokens" must be a list of {{"text": ..., "ws": true/false}} '
+                f"objects, got {str(tokens)[:80]!r}. Fix them, or drop \"tokens\" to use "
+                "the pipeline's tokenizer."
+            )
         words = [t["text"] for t in tokens]
         spaces = [bool(t.get("ws", True)) for t in tokens]
         doc = Doc(nlp.vocab, words=words, spaces=spaces)
@@ -159,7 +177,13 @@ def doc_from_record(
     if cats:
         if not isinstance(cats, dict):
             raise ValueError(f'{where}: "cats" must be an object of label -> score.')
-        doc.cats.update({str(k): float(v) for k, v in cats.items()})
+        try:
+            doc.cats.update({str(k): float(v) for k, v in cats.items()})
+        except (TypeError, ValueError):
+            raise ValueError(
+                f'{where}: "cats" must map each label to a number (a score, e.g. 1.0 or '
+                f"0.0), got {str(cats)[:80]!r}."
+            ) from None
     if "meta" in record:
         doc.user_data["meta"] = record["meta"]
     return doc
@@ -184,13 +208,31 @@ def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
 
 def _triple(item: Any, where: str, field: str):
     if isinstance(item, dict) and {"start", "end", "label"} <= set(item):
-        return int(item["start"]), int(item["end"]), str(item["label"])
-    if isinstance(item, (list, tuple)) and len(item) == 3:
-        return int(item[0]), int(item[1]), str(item[2])
+        start, end, label = item["start"], item["end"], item["label"]
+    elif isinstance(item, (list, tuple)) and len(item) == 3:
+        start, end, label = item
+    else:
+        start = end = None
+    start, end = _offset(start), _offset(end)
+    if start is not None and end is not None:
+        return start, end, str(label)
     raise ValueError(
         f'{where}: each item of "{field}" must be [start, end, label] or '
-        f'{{"start", "end", "label"}}, got {item!r}.'
+        f'{{"start", "end", "label"}} with whole-number character offsets, got {item!r}.'
     )
+
+
+def _offset(value: Any) -> Optional[int]:
+    """A character offset: an int, a whole float (3.0) or a string of digits ("3")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def doc_to_record(doc: Doc) -> dict:
