@@ -690,3 +690,43 @@ def test_share_by_doc_warns_a_worker_left_without_docs(nlp, tmp_path, compact):
         empty = tmp_path / "empty.spacy"
         DocBin().to_disk(empty)
         assert list(LeanCorpus(empty, instance_rank=1, num_instances=2)(nlp)) == []
+
+
+@pytest.mark.parametrize("max_length", [1, 8, 128])
+def test_max_length_loses_nothing_on_messy_docs(nlp, tmp_path, max_length):
+    """The audit's messy docs (tests/messy_data.py) cut at several max_length: the
+    pieces of each doc, in order, give back its tokens, its entity annotation (missing
+    "-" and unset included), every span (offsets shifted back) and its cats; the empty
+    doc is skipped and counted; the 15-token span stays whole in one oversize piece."""
+    from messy_data import make_messy_docs, signature
+
+    docs = make_messy_docs(nlp)
+    path = tmp_path / "messy.spacy"
+    DocBin(docs=docs, store_user_data=True).to_disk(path)
+    corpus = LeanCorpus(path, max_length=max_length)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pieces = iter([eg.reference for eg in corpus(nlp)])
+    assert corpus.stats.empty_docs == 1
+    assert any("longer than max_length" in str(w.message) for w in caught) == (max_length < 15)
+    for doc in docs:
+        if not len(doc):
+            continue
+        got, n = [], 0
+        while n < len(doc):
+            got.append(next(pieces))
+            n += len(got[-1])
+        want = signature(doc)
+        assert sum((signature(p)["words"] for p in got), []) == want["words"]
+        assert sum((signature(p)["iob"] for p in got), []) == want["iob"]
+        spans, offset = {}, 0
+        for p in got:
+            assert set(p.spans) == set(doc.spans) and p.cats == doc.cats
+            for key, group in p.spans.items():
+                spans.setdefault(key, []).extend(
+                    (s.start + offset, s.end + offset, s.label_) for s in group)
+            offset += len(p)
+        assert {k: sorted(v) for k, v in spans.items()} == {k: sorted(v) for k, v in want["spans"].items()}
+        assert all(len(p) <= max_length or any(len(s) > max_length for g in p.spans.values() for s in g)
+                   or any(len(e) > max_length for e in p.ents) for p in got)
+    assert next(pieces, None) is None
