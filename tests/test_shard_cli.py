@@ -105,9 +105,12 @@ def test_shard_keeps_every_messy_doc(tmp_path):
     DocBin(docs=docs[:5], store_user_data=True).to_disk(tmp_path / "in" / "a.spacy")
     DocBin().to_disk(tmp_path / "in" / "b.spacy")  # no docs
     DocBin(docs=docs[5:], store_user_data=True).to_disk(tmp_path / "in" / "c.spacy")
-    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"), "-n", "3"])
+    result = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"), "-n", "3"]
+    )
     assert result.exit_code == 0, result.output
-    got = [d for s in sorted((tmp_path / "out").glob("*.spacy")) for d in DocBin().from_disk(s).get_docs(nlp.vocab)]
+    shards = sorted((tmp_path / "out").glob("*.spacy"))
+    got = [d for s in shards for d in DocBin().from_disk(s).get_docs(nlp.vocab)]
     assert [signature(d) for d in got] == [signature(d) for d in docs]
 
 
@@ -134,6 +137,8 @@ def test_shard_a_corrupt_input_leaves_no_partial_shards(tmp_path):
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "notes.txt").write_text("kept")
-    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "bad.jsonl"), str(existing), "-n", "1"])
+    result = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "bad.jsonl"), str(existing), "-n", "1"]
+    )
     assert result.exit_code == 1 and "bad.jsonl:4" in flat(result)
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]

@@ -309,9 +309,13 @@ def test_messy_data_same_scores_in_all_three_commands(messy_models, tmp_path, re
     from spacy.cli.evaluate import evaluate as stock_evaluate
 
     data = messy_models["data"]
-    stock_evaluate(messy_models["plain"], data, output=tmp_path / "stock.json", gold_preproc=bool(args))
-    invoke(app, tmp_path, "evaluate", messy_models["streaming"], data, "-o", "streaming.json", *args)
-    n_examples = sum(1 for _ in spacy.training.Corpus(data, gold_preproc=bool(args))(spacy.blank("en")))
+    gold_preproc = bool(args)
+    stock_evaluate(messy_models["plain"], data, output=tmp_path / "stock.json",
+                   gold_preproc=gold_preproc)
+    invoke(app, tmp_path, "evaluate", messy_models["streaming"], data, "-o", "streaming.json",
+           *args)
+    corpus = spacy.training.Corpus(data, gold_preproc=gold_preproc)
+    n_examples = sum(1 for _ in corpus(spacy.blank("en")))
     assert recorded == [{"kept": 0, "streamed": n_examples}]
     result = runner.invoke(app, ["lean", "evaluate", messy_models["plain"], str(data), "-o",
                                  str(tmp_path / "lean.json"), "--no-progress", *args])
