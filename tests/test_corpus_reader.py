@@ -380,6 +380,43 @@ def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
             assert [d.text for part in parts for d in part] == accepted
 
 
+def test_jsonl_empty_entity_list_is_annotation_not_missing(nlp, tmp_path):
+    """`"entities": []` says a text has no entities: every token is "O" (as spaCy's
+    Example.from_dict reads it), so a prediction there is a false positive and training
+    learns "O". It was read as *missing* annotation: a .jsonl dev set scored higher
+    precision than the same docs as .spacy. No key (or null) stays missing; an empty
+    "spans" list is an empty span group (or, with jsonl_spans_key = "ents", no entities)."""
+    from spacy_lean.corpus.sources import iter_shard_docs
+
+    records = [
+        {"text": "Nothing to see here .", "entities": []},
+        {"text": "Nothing annotated here ."},
+        {"text": "Nothing annotated here either .", "entities": None},
+        {"text": "No spans here .", "spans": []},
+        {"text": "Ada is here .", "entities": [[0, 3, "PER"]]},
+    ]
+    path = tmp_path / "e.jsonl"
+    srsly.write_jsonl(path, records)
+    docs = list(iter_shard_docs(path, nlp.vocab, nlp=nlp))
+    assert [d.has_annotation("ENT_IOB") for d in docs] == [True, False, False, False, True]
+    assert {t.ent_iob_ for t in docs[0]} == {"O"}
+    assert {t.ent_iob_ for t in docs[1]} == {""}
+    assert "sc" in docs[3].spans and len(docs[3].spans["sc"]) == 0
+    assert [t.ent_iob_ for t in docs[4]] == ["B", "O", "O", "O"]
+    as_ents = list(iter_shard_docs(path, nlp.vocab, {"spans_key": "ents"}, nlp=nlp))
+    assert {t.ent_iob_ for t in as_ents[3]} == {"O"}  # Prodigy's accepted "no entities"
+    # Through the reader, cut by max_length: every piece keeps the "O" annotation.
+    pieces = [eg.reference for eg in LeanCorpus(path, max_length=2)(nlp)]
+    assert {t.ent_iob_ for p in pieces if p.text.startswith("Nothing to") for t in p} == {"O"}
+    # doc_to_record writes the difference back: no key for a doc without entity annotation.
+    assert "entities" not in doc_to_record(docs[1])
+    assert doc_to_record(docs[0])["entities"] == []
+    again = tmp_path / "again.jsonl"
+    srsly.write_jsonl(again, [doc_to_record(d) for d in docs])
+    redone = list(iter_shard_docs(again, nlp.vocab, nlp=nlp))
+    assert [[t.ent_iob_ for t in d] for d in redone] == [[t.ent_iob_ for t in d] for d in docs]
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])
@@ -450,6 +487,33 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
     path.write_text('{"txt": "x"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: .*string \"text\" key"):
         list(LeanCorpus(path)(nlp))
+
+
+@pytest.mark.parametrize(
+    "record,message",
+    [
+        ({"text": "y z", "tokens": [{"ws": True}]}, r'"tokens" must be a list of'),
+        ({"text": "y z", "tokens": "y z"}, r'"tokens" must be a list of'),
+        ({"text": "y", "cats": {"A": "high"}}, r'"cats" must map each label to a number'),
+        ({"text": "y", "entities": [["a", 1, "X"]]}, r"whole-number character offsets"),
+        ({"text": "y z", "entities": [[0, 1.5, "X"]]}, r"whole-number character offsets"),
+        ({"text": "y", "entities": [{"start": 0, "label": "X"}]}, r"must be \[start, end, label\]"),
+    ],
+    ids=["token-without-text", "tokens-not-a-list", "cat-not-a-number", "offset-not-a-number",
+         "offset-not-whole", "offset-missing"],
+)
+def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):
+    """Records of the wrong shape came out as a bare KeyError traceback ("tokens"
+    without "text") or a message without the file and line ("could not convert string
+    to float", "invalid literal for int()"). Each now names file:line and the fix, as
+    a CorruptShardError (a ValueError) that `spacy lean evaluate` prints; offsets given
+    as 3.0 or "3" are still read."""
+    path = tmp_path / "bad.jsonl"
+    srsly.write_jsonl(path, [{"text": "fine"}, record])
+    with pytest.raises(CorruptShardError, match=r"bad\.jsonl:2: .*" + message):
+        list(LeanCorpus(path)(nlp))
+    srsly.write_jsonl(path, [{"text": "Ada met Bo", "entities": [[0.0, "3", "PER"]]}])
+    assert [e.text for e in next(iter(LeanCorpus(path)(nlp))).reference.ents] == ["Ada"]
 
 
 def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):
@@ -626,3 +690,46 @@ def test_share_by_doc_warns_a_worker_left_without_docs(nlp, tmp_path, compact):
         empty = tmp_path / "empty.spacy"
         DocBin().to_disk(empty)
         assert list(LeanCorpus(empty, instance_rank=1, num_instances=2)(nlp)) == []
+
+
+@pytest.mark.parametrize("max_length", [1, 8, 128])
+def test_max_length_loses_nothing_on_messy_docs(nlp, tmp_path, max_length):
+    """The audit's messy docs (tests/messy_data.py) cut at several max_length: the
+    pieces of each doc, in order, give back its tokens, its entity annotation (missing
+    "-" and unset included), every span (offsets shifted back) and its cats; the empty
+    doc is skipped and counted; the 15-token span stays whole in one oversize piece."""
+    from messy_data import make_messy_docs, signature
+
+    docs = make_messy_docs(nlp)
+    path = tmp_path / "messy.spacy"
+    DocBin(docs=docs, store_user_data=True).to_disk(path)
+    corpus = LeanCorpus(path, max_length=max_length)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pieces = iter([eg.reference for eg in corpus(nlp)])
+    assert corpus.stats.empty_docs == 1
+    assert any("longer than max_length" in str(w.message) for w in caught) == (max_length < 15)
+    for doc in docs:
+        if not len(doc):
+            continue
+        got, n = [], 0
+        while n < len(doc):
+            got.append(next(pieces))
+            n += len(got[-1])
+        want = signature(doc)
+        assert sum((signature(p)["words"] for p in got), []) == want["words"]
+        assert sum((signature(p)["iob"] for p in got), []) == want["iob"]
+        spans, offset = {}, 0
+        for p in got:
+            assert set(p.spans) == set(doc.spans) and p.cats == doc.cats
+            for key, group in p.spans.items():
+                spans.setdefault(key, []).extend(
+                    (s.start + offset, s.end + offset, s.label_) for s in group)
+            offset += len(p)
+        assert {k: sorted(v) for k, v in spans.items()} == {
+            k: sorted(v) for k, v in want["spans"].items()}
+        for p in got:  # longer only to keep an entity or a span whole
+            longest = max([len(s) for g in p.spans.values() for s in g] + [len(e) for e in p.ents],
+                          default=0)
+            assert len(p) <= max(max_length, longest)
+    assert next(pieces, None) is None

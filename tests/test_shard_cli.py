@@ -91,3 +91,54 @@ def test_shard_truncated_file_fails_naming_it(tmp_path):
     assert result.exit_code == 1
     assert "big.spacy" in flat(result) and "truncated" in flat(result)
     assert not list((tmp_path / "out").glob("*.spacy"))
+
+
+def test_shard_keeps_every_messy_doc(tmp_path):
+    """Empty and whitespace-only docs, an empty shard, missing ("-") and unset entity
+    annotation, overlapping spans, cats and non-ASCII text: every stored doc (the empty
+    one included) comes out of `spacy lean shard`, in order, with all of it."""
+    from messy_data import make_messy_docs, signature
+
+    nlp = spacy.blank("en")
+    docs = make_messy_docs(nlp)
+    (tmp_path / "in").mkdir()
+    DocBin(docs=docs[:5], store_user_data=True).to_disk(tmp_path / "in" / "a.spacy")
+    DocBin().to_disk(tmp_path / "in" / "b.spacy")  # no docs
+    DocBin(docs=docs[5:], store_user_data=True).to_disk(tmp_path / "in" / "c.spacy")
+    result = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "in"), str(tmp_path / "out"), "-n", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").glob("*.spacy"))
+    got = [d for s in shards for d in DocBin().from_disk(s).get_docs(nlp.vocab)]
+    assert [signature(d) for d in got] == [signature(d) for d in docs]
+
+
+def test_shard_a_corrupt_input_leaves_no_partial_shards(tmp_path):
+    """A truncated file (or a bad .jsonl line) after some docs were sharded left the
+    shards written so far: a corpus that looked whole, and a folder the rerun refused
+    ("already holds shards"). They are removed, and the message says so."""
+    synthetic.write_ner_corpus(tmp_path / "in" / "a.spacy", 5, seed=1)
+    good = (tmp_path / "in" / "a.spacy").read_bytes()
+    (tmp_path / "in" / "b.spacy").write_bytes(good[: len(good) // 2])
+    out = tmp_path / "new" / "out"
+    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "in"), str(out), "-n", "2"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    text = flat(result)
+    assert "b.spacy" in text and "truncated" in text and "Nothing was written" in text
+    assert not out.exists()  # made by the command, removed with its shards
+    (tmp_path / "in" / "b.spacy").unlink()
+    result = runner.invoke(app, ["lean", "shard", str(tmp_path / "in"), str(out), "-n", "2"])
+    assert result.exit_code == 0, result.output
+
+    srsly.write_jsonl(tmp_path / "bad.jsonl", [{"text": "a b"}] * 3)
+    with (tmp_path / "bad.jsonl").open("a") as f:
+        f.write('{"text": "broken\n')
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("kept")
+    result = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "bad.jsonl"), str(existing), "-n", "1"]
+    )
+    assert result.exit_code == 1 and "bad.jsonl:4" in flat(result)
+    assert [p.name for p in existing.iterdir()] == ["notes.txt"]

@@ -266,3 +266,86 @@ def test_python_m_spacy_evaluate_streams_with_spacy_output(models, ner_corpus, t
     assert "NER F" in results["ours"][0] and results["ours"][2]
     assert results["ours_record"] == [{"kept": 5, "streamed": 35}]
     assert results["stock_record"] == []  # spaCy's own command listed all 40
+
+
+@pytest.fixture(scope="module")
+def messy_models(trf_ner_dir, tmp_path_factory):
+    """The trained transformer + ner + ruler with a textcat_multilabel and a spancat
+    added (initialized on the messy docs, so cats and spans are scored too), saved
+    plain and naming the callback; and the messy docs (tests/messy_data.py) as a folder
+    of three shards, the middle one holding no docs."""
+    from spacy.tokens import DocBin
+    from spacy.training import Example
+
+    from messy_data import make_messy_docs
+
+    root = tmp_path_factory.mktemp("messy")
+    nlp = add_ruler(spacy.load(trf_ner_dir))
+    docs = make_messy_docs(nlp)
+    examples = [Example(nlp.make_doc(d.text), d) for d in docs if len(d)]
+    for name in ("textcat_multilabel", "spancat"):
+        nlp.add_pipe(name).initialize(lambda: examples, nlp=nlp)
+    nlp.add_pipe("sentencizer", first=True)
+    nlp.to_disk(root / "plain")
+    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME}
+    nlp.to_disk(root / "streaming")
+    data = root / "data"
+    (data / "sub").mkdir(parents=True)
+    DocBin(docs=docs[:5], store_user_data=True).to_disk(data / "a.spacy")
+    DocBin().to_disk(data / "b.spacy")
+    DocBin(docs=docs[5:], store_user_data=True).to_disk(data / "sub" / "c.spacy")
+    return {"plain": str(root / "plain"), "streaming": str(root / "streaming"), "data": data,
+            "n_docs": len(docs)}
+
+
+@pytest.mark.parametrize("args", [[], ["-G"]], ids=["default", "gold-preproc"])
+def test_messy_data_same_scores_in_all_three_commands(messy_models, tmp_path, recorded, args):
+    """Empty and whitespace-only docs, an empty shard, a 300-token doc with no sentence
+    boundaries, missing ("-") and unset entity annotation, overlapping spans, cats, CJK,
+    right-to-left, emoji and combining characters: `spacy evaluate` (spaCy's own
+    command), the streaming `spacy evaluate` and `spacy lean evaluate` write the same
+    --output JSON, and each evaluates every non-empty doc (the empty one is skipped by
+    all three, as spaCy's Corpus skips it)."""
+    from spacy.cli.evaluate import evaluate as stock_evaluate
+
+    data = messy_models["data"]
+    gold_preproc = bool(args)
+    stock_evaluate(messy_models["plain"], data, output=tmp_path / "stock.json",
+                   gold_preproc=gold_preproc)
+    invoke(app, tmp_path, "evaluate", messy_models["streaming"], data, "-o", "streaming.json",
+           *args)
+    corpus = spacy.training.Corpus(data, gold_preproc=gold_preproc)
+    n_examples = sum(1 for _ in corpus(spacy.blank("en")))
+    assert recorded == [{"kept": 0, "streamed": n_examples}]
+    result = runner.invoke(app, ["lean", "evaluate", messy_models["plain"], str(data), "-o",
+                                 str(tmp_path / "lean.json"), "--no-progress", *args])
+    assert result.exit_code == 0, result.output
+    assert f"Evaluated {n_examples} examples" in result.output
+    stock = SPEED_JSON.sub("", (tmp_path / "stock.json").read_text(encoding="utf8"))
+    scores = json.loads((tmp_path / "stock.json").read_text(encoding="utf8"))
+    assert scores["ents_f"] and None not in (scores["cats_macro_auc"], scores["spans_sc_f"])
+    assert SPEED_JSON.sub("", (tmp_path / "streaming.json").read_text(encoding="utf8")) == stock
+    assert SPEED_JSON.sub("", (tmp_path / "lean.json").read_text(encoding="utf8")) == stock
+    if not args:
+        assert n_examples == messy_models["n_docs"] - 1  # only the empty doc is skipped
+
+
+def test_corrupt_shard_is_a_message_not_a_traceback(models, shard_dir, tmp_path):
+    """A truncated shard in the dev folder: the streaming `spacy evaluate` read it with
+    spacy-lean's reader, whose error (file named, how to re-create it) came out as a
+    traceback. Now it is spaCy's CLI style: a message and exit code 1. A pipeline
+    without the callback still gets spaCy's own behaviour."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(shard_dir, data)
+    good = (data / "c.spacy").read_bytes()
+    (data / "c.spacy").write_bytes(good[: len(good) // 2])
+    result = runner.invoke(app, ["evaluate", models["streaming"], str(data)])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "Could not read the evaluation data" in text and "c.spacy" in text
+    assert "truncated" in text and "re-create it" in text
+    assert not isinstance(result.exception, ValueError)  # a clean exit, not an error
+    stock = runner.invoke(app, ["evaluate", models["plain"], str(data)])
+    assert isinstance(stock.exception, ValueError)  # spaCy's E1014, as before

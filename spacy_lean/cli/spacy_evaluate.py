@@ -30,7 +30,7 @@ from spacy.language import Language
 from spacy.training import Corpus, Example
 from spacy.training.corpus import FILE_TYPE, walk_corpus
 
-from ..corpus import read_examples
+from ..corpus import CorruptShardError, read_examples
 from ..streaming import is_streaming
 
 # `spacy.cli.evaluate` the attribute is the function; the module is in sys.modules.
@@ -133,7 +133,15 @@ def _wrap_command(stock: Callable[..., Any]) -> Callable[..., Any]:
         bound.apply_defaults()
         keep = displacy_keep(bound.arguments["displacy_path"], bound.arguments["displacy_limit"])
         with streaming_dev_corpus(keep):
-            return stock(*args, **kwargs)
+            try:
+                return stock(*args, **kwargs)
+            except CorruptShardError as err:
+                # Raised by spacy-lean's reader (streaming pipelines only): its message
+                # names the file and the fix, which a traceback would bury. spaCy's
+                # own errors (a pipeline that does not stream) are left as they are.
+                from wasabi import msg
+
+                msg.fail("Could not read the evaluation data", str(err), exits=1)
 
     return evaluate_cli
 

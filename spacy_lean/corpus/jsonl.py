@@ -6,10 +6,13 @@ One JSON object per line:
 - "tokens" (list, optional): `[{"text": ..., "ws": bool}, ...]` (Prodigy's form) to
   use a given tokenization instead; it must reproduce "text" exactly.
 - "entities" (list, optional): `[start_char, end_char, label]` triples or
-  `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`).
+  `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`); every other
+  token is outside an entity ("O"), so `[]` says the text has none. Without the key
+  (or with null) the doc's entity annotation is missing (not scored, not trained).
 - "spans" (list or dict, optional): a list in the same forms goes to the span group
   named by `spans_key` (default "sc"; `spans_key = "ents"` makes them the entities,
-  as Prodigy's NER output needs); a dict maps span-group names to such lists.
+  as Prodigy's NER output needs); a dict maps span-group names to such lists. An
+  empty list is annotation too: an empty span group (or, for "ents", no entities).
 - "cats" (dict, optional): label -> score, the doc's categories.
 - "meta" (dict, optional): kept in `doc.user_data["meta"]`.
 - "answer" (str, optional): Prodigy's verdict. A record answered "reject" or "ignore"
@@ -62,7 +65,17 @@ def iter_jsonl_docs(
         if answer in NOT_GOLD_ANSWERS:
             skipped[answer] = skipped.get(answer, 0) + 1
             continue
-        yield doc_from_record(nlp, record, where=f"{path}:{line_no}", spans_key=spans_key)
+        where = f"{path}:{line_no}"
+        try:
+            doc = doc_from_record(nlp, record, where=where, spans_key=spans_key)
+        except (KeyError, TypeError, AttributeError, IndexError) as err:
+            # A shape doc_from_record does not check: still name the line, not a traceback.
+            raise ValueError(
+                f"{where}: could not read the record ({type(err).__name__}: {err}). Check it "
+                'against the .jsonl record format: "text", "tokens", "entities", "spans", '
+                '"cats", "meta".'
+            ) from err
+        yield doc
     if skipped:
         counts = " and ".join(f'{n} "{answer}"' for answer, n in sorted(skipped.items()))
         warnings.warn(
@@ -118,6 +131,14 @@ def doc_from_record(
     text = record["text"]
     tokens = record.get("tokens")
     if tokens:
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text"), str) for t in tokens
+        ):
+            raise ValueError(
+                f'{where}: "tokens" must be a list of {{"text": ..., "ws": true/false}} '
+                f"objects, got {str(tokens)[:80]!r}. Fix them, or drop \"tokens\" to use "
+                "the pipeline's tokenizer."
+            )
         words = [t["text"] for t in tokens]
         spaces = [bool(t.get("ws", True)) for t in tokens]
         doc = Doc(nlp.vocab, words=words, spaces=spaces)
@@ -128,20 +149,23 @@ def doc_from_record(
             )
     else:
         doc = nlp.make_doc(text)
-    ents: List[Span] = []
-    if record.get("entities"):
-        ents.extend(_spans(doc, record["entities"], where, "entities"))
+    # An entity list that is there, even empty, is annotation: every token outside an
+    # entity is "O" (as spaCy's Example.from_dict reads "entities": []). Only a record
+    # without one leaves the entity annotation missing.
+    ents: Optional[List[Span]] = None
+    if record.get("entities") is not None:
+        ents = _spans(doc, record["entities"], where, "entities")
     spans = record.get("spans")
     if isinstance(spans, dict):
         for key, items in spans.items():
             doc.spans[key] = _spans(doc, items, where, f"spans.{key}")
-    elif spans:
+    elif spans is not None:
         items = _spans(doc, spans, where, "spans")
         if spans_key == "ents":
-            ents.extend(items)
+            ents = (ents or []) + items
         else:
             doc.spans[spans_key] = items
-    if ents:
+    if ents is not None:
         try:
             doc.set_ents(ents)
         except ValueError as err:
@@ -153,7 +177,13 @@ def doc_from_record(
     if cats:
         if not isinstance(cats, dict):
             raise ValueError(f'{where}: "cats" must be an object of label -> score.')
-        doc.cats.update({str(k): float(v) for k, v in cats.items()})
+        try:
+            doc.cats.update({str(k): float(v) for k, v in cats.items()})
+        except (TypeError, ValueError):
+            raise ValueError(
+                f'{where}: "cats" must map each label to a number (a score, e.g. 1.0 or '
+                f"0.0), got {str(cats)[:80]!r}."
+            ) from None
     if "meta" in record:
         doc.user_data["meta"] = record["meta"]
     return doc
@@ -178,23 +208,44 @@ def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
 
 def _triple(item: Any, where: str, field: str):
     if isinstance(item, dict) and {"start", "end", "label"} <= set(item):
-        return int(item["start"]), int(item["end"]), str(item["label"])
-    if isinstance(item, (list, tuple)) and len(item) == 3:
-        return int(item[0]), int(item[1]), str(item[2])
+        start, end, label = item["start"], item["end"], item["label"]
+    elif isinstance(item, (list, tuple)) and len(item) == 3:
+        start, end, label = item
+    else:
+        start = end = None
+    start, end = _offset(start), _offset(end)
+    if start is not None and end is not None:
+        return start, end, str(label)
     raise ValueError(
         f'{where}: each item of "{field}" must be [start, end, label] or '
-        f'{{"start", "end", "label"}}, got {item!r}.'
+        f'{{"start", "end", "label"}} with whole-number character offsets, got {item!r}.'
     )
+
+
+def _offset(value: Any) -> Optional[int]:
+    """A character offset: an int, a whole float (3.0) or a string of digits ("3")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def doc_to_record(doc: Doc) -> dict:
     """The JSONL record for a doc (text, tokens, entities, span groups, cats): the
-    inverse of `doc_from_record`, for tests and conversions."""
+    inverse of `doc_from_record`, for tests and conversions. A doc without entity
+    annotation gets no "entities" key; tokens whose annotation is missing in a doc that
+    has some (spaCy's "-") cannot be written in this format and read back as "O"."""
     record: dict = {
         "text": doc.text,
         "tokens": [{"text": t.text, "ws": bool(t.whitespace_)} for t in doc],
-        "entities": [[e.start_char, e.end_char, e.label_] for e in doc.ents],
     }
+    if doc.has_annotation("ENT_IOB"):
+        record["entities"] = [[e.start_char, e.end_char, e.label_] for e in doc.ents]
     if doc.spans:
         record["spans"] = {
             key: [[s.start_char, s.end_char, s.label_] for s in group]

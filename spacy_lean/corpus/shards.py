@@ -7,7 +7,7 @@ from typing import List, Sequence, Tuple, TypeVar, Union
 from spacy.tokens import DocBin
 
 from .docbin import docbin_add
-from .sources import iter_shard_docs, list_shards
+from .sources import CorruptShardError, iter_shard_docs, list_shards
 
 T = TypeVar("T")
 
@@ -86,6 +86,7 @@ def write_shards(
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"Output path '{output_dir}' exists and is not a folder.")
+    made_dir = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     existing = sorted(output_dir.glob(f"{prefix}-*.spacy"))
     if existing:
@@ -122,7 +123,33 @@ def write_shards(
                     flush()
         if len(doc_bin):
             flush()
+    except BaseException as err:
+        # A corrupt input file (or Ctrl-C) half-way would leave the shards of the docs
+        # before it: a corpus that looks whole, and a folder a rerun refuses to write to.
+        _remove_partial(written, output_dir, prefix, made_dir)
+        if isinstance(err, ValueError):
+            cls = CorruptShardError if isinstance(err, CorruptShardError) else ValueError
+            raise cls(
+                f"{err} Nothing was written: the {len(written)} shard(s) made before the "
+                f"error were removed from '{output_dir}'."
+            ) from err
+        raise
     finally:
         if bar is not None:
             bar.close()
     return written
+
+
+def _remove_partial(written: List[Path], output_dir: Path, prefix: str, made_dir: bool) -> None:
+    """Remove what an interrupted `write_shards` wrote (a shard being written included)."""
+    unfinished = output_dir / f"{prefix}-{len(written):05d}.spacy"
+    for path in [*written, unfinished]:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    if made_dir:
+        try:
+            output_dir.rmdir()  # only if empty: never anything but what this call made
+        except OSError:
+            pass
