@@ -377,7 +377,8 @@ def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
 # marks, characters unknown to the LM, "İ" (two characters lowercased), CJK.
 MESSY_TEXTS = [
     "Ada met Bo.", "", "\n\n", "  ", "   \n  \t ", "a" * 40,
-    "Héllo 👋🏽 wörld e\u0301 𝔘𝔫𝔦 İstanbul", "Ünknown ψ ß 中文\u200b", "word\n\nnext  word   end  ",
+    "Héllo 👋🏽 wörld e\u0301 𝔘𝔫𝔦 İstanbul", "Ünknown ψ ß 中文\u200b",
+    "word\n\nnext  word   end  ",
 ]
 
 

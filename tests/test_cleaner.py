@@ -283,11 +283,13 @@ def test_messy_docs_as_tuples_and_select_pipes(trf_ner_nlp, texts):
     # real ones: the same entities as without the cleaner, all trf_data released, the
     # context of as_tuples kept. (spacy-transformers itself fails on a batch made only
     # of whitespace docs, so each batch of 3 here has a real doc.)
-    messy = [texts[0], "", "   ", "\n\n", texts[1] + "\n\n   ", " \t\n ", "", "👋🏽 Ada", texts[2]]
+    messy = [texts[0], "", "   ", "\n\n", texts[1] + "\n\n   ", " \t\n ", "", "👋🏽 Ada"]
+    messy.append(texts[2])
     expected = _ents(trf_ner_nlp.pipe(messy, batch_size=3))
     assert any(expected)
     trf_ner_nlp.add_pipe("lean_cleaner")
-    out = list(trf_ner_nlp.pipe([(t, i) for i, t in enumerate(messy)], as_tuples=True, batch_size=3))
+    pairs = [(t, i) for i, t in enumerate(messy)]
+    out = list(trf_ner_nlp.pipe(pairs, as_tuples=True, batch_size=3))
     assert [i for _, i in out] == list(range(len(messy)))
     docs = [doc for doc, _ in out]
     assert _ents(docs) == expected
