@@ -161,6 +161,8 @@ class LeanCleaner:
         self._warned: set = set()
         self._since_empty = 0
         self._since_trim = 0
+        # Width of the last compact vectors made: an empty doc gets (0, width) too.
+        self._compact_width: Optional[int] = None
 
     # -- configuration -------------------------------------------------------
 
@@ -520,13 +522,39 @@ class LeanCleaner:
             )
             return None
         rows, lengths = rows_lengths
-        if rows is None:  # an empty doc: the transformer produced nothing for it
-            return numpy.zeros((len(doc), 0), dtype=dtype)
+        if rows is None:
+            # An empty doc: the transformer produced nothing for it, not even its
+            # width. Give it the width of the other docs, so that every doc's tensor
+            # has the same number of columns (numpy.concatenate, stacking).
+            return numpy.zeros((len(doc), self._output_width()), dtype=dtype)
+        self._compact_width = int(rows.shape[-1])
         if rows.shape[0] == 0:  # only whitespace tokens: no wordpiece to pool (zeros)
             return numpy.zeros((len(doc), rows.shape[-1]), dtype=dtype)
         ops = get_array_ops(rows)
         pooled = ops.reduce_mean(ops.asarray2f(rows), ops.asarray1i(lengths))
         return numpy.ascontiguousarray(ops.to_numpy(pooled), dtype=dtype)
+
+    def _output_width(self) -> int:
+        """Width of the compact vectors: that of the last doc pooled, else the `nO`
+        of the nearest transformer before the cleaner (0 when neither is known)."""
+        if self._compact_width is not None:
+            return self._compact_width
+        nlp = self._nlp
+        if nlp is None:
+            return 0
+        names = [name for name, _ in nlp.pipeline]
+        mine = next((i for i, (_, proc) in enumerate(nlp.pipeline) if proc is self), len(names))
+        producers = set(self._producers(names[:mine], [TRF_DATA])[TRF_DATA])
+        for name in reversed(names[:mine]):
+            model = getattr(nlp.get_pipe(name), "model", None)
+            if name in producers and model is not None and model.has_dim("nO"):
+                try:
+                    width = model.get_dim("nO")
+                except ValueError:  # declared but not set
+                    continue
+                if width:
+                    return int(width)
+        return 0
 
     # -- serialization -------------------------------------------------------
 

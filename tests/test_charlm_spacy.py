@@ -370,3 +370,56 @@ def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
         Y, backprop = model.begin_update(batch)
         assert [y.shape for y in Y] == [(len(d), 128) for d in batch]
         assert backprop([model.ops.xp.ones_like(y) for y in Y]) == []
+
+
+# Docs our generated corpora do not have: empty, whitespace-only (spaCy makes "\n\n"
+# and "  " tokens), one token longer than a chunk, emoji (astral plane), combining
+# marks, characters unknown to the LM, "İ" (two characters lowercased), CJK.
+MESSY_TEXTS = [
+    "Ada met Bo.", "", "\n\n", "  ", "   \n  \t ", "a" * 40,
+    "Héllo 👋🏽 wörld e\u0301 𝔘𝔫𝔦 İstanbul", "Ünknown ψ ß 中文\u200b",
+    "word\n\nnext  word   end  ",
+]
+
+
+@pytest.mark.parametrize("tokenized_lm", [True, False])
+@pytest.mark.parametrize("is_lower", [False, True])
+def test_messy_docs_one_row_per_token_alone_batched_and_chunked(tokenized_lm, is_lower):
+    lms = [CharLM.load(DATA / f"proj-{d}.pt", has_decoder=False) for d in ("forward", "backward")]
+    vocab = spacy.blank("en").vocab
+    nlp = spacy.blank("en")
+    docs = [nlp.make_doc(t) for t in MESSY_TEXTS]
+    assert [t.text for t in docs[4]] == ["   \n  \t "] and len(docs[1]) == 0
+    settings = dict(tokenized_lm=tokenized_lm, is_lower=is_lower)
+    whole = CharLMEmbedder(*lms, max_chunk_chars=None, **settings).split(docs)
+    for chunk, batch_size in ((None, 1), (3, 32), (3, 2), (7, 1)):
+        embedder = CharLMEmbedder(*lms, max_chunk_chars=chunk, batch_size=batch_size, **settings)
+        batched = embedder.split(docs)
+        for doc, rows, ref in zip(docs, batched, whole):
+            assert rows.shape == (len(doc), 48)
+            alone = embedder.split([doc])[0]
+            # Alone, in a batch, in chunks: the same vectors (2-layer LMs: within 1e-6).
+            assert torch.allclose(rows, ref, atol=1e-6, rtol=0)
+            assert torch.allclose(alone, ref, atol=1e-6, rtol=0)
+    # A batch of empty docs only, and no docs at all.
+    empties = CharLMEmbedder(*lms).split([Doc(vocab, words=[]), nlp.make_doc("")])
+    assert [tuple(e.shape) for e in empties] == [(0, 48), (0, 48)]
+    assert CharLMEmbedder(*lms).split([]) == []
+
+
+def test_component_on_messy_docs_pipe_batch_size_1_and_all_empty(lm_paths):
+    nlp = spacy.blank("en")
+    nlp.add_pipe("char_lm", config={"store": "charlm_messy", "model": {
+        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"]),
+        "max_chunk_chars": 16}})
+    nlp.initialize()
+    alone = [nlp(t)._.charlm_messy for t in MESSY_TEXTS]
+    for batch_size in (1, 4, 100):
+        docs = list(nlp.pipe(MESSY_TEXTS, batch_size=batch_size))
+        for doc, ref in zip(docs, alone):
+            assert doc._.charlm_messy.shape == (len(doc), 128)
+            numpy.testing.assert_allclose(doc._.charlm_messy, ref, atol=1e-6, rtol=0)
+    docs = list(nlp.pipe(["", "", ""], batch_size=2))
+    assert [d._.charlm_messy.shape for d in docs] == [(0, 128)] * 3
+    out = list(nlp.pipe([("", 0), ("\n\n", 1)], as_tuples=True))
+    assert [(d._.charlm_messy.shape, i) for d, i in out] == [((0, 128), 0), ((1, 128), 1)]

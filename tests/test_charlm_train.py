@@ -194,3 +194,33 @@ def test_trains_on_gpu_and_checkpoint_loads_on_cpu(text_file, tmp_path):
     assert _same_weights(loaded, result.model.cpu())
     resumed = train_charlm([text_file], tmp_path, max_steps=130, resume=True, **kwargs)
     assert resumed.step == 130
+
+
+def test_messy_text_files_train_or_fail_naming_the_file_and_the_fix(tmp_path):
+    # Empty lines and a file of only whitespace are text like any other; a tiny file,
+    # an empty one, a non-UTF-8 byte and a short dev text stop with the file and the fix.
+    def write(name, data: bytes):
+        path = tmp_path / name
+        path.write_bytes(data)
+        return path
+
+    small = dict(TINY, batch_size=2, bptt=5, max_steps=2)
+    blank_lines = write("blank_lines.txt", b"Ada met Bo.\n\n\n\nThen left.\r\n\n")
+    spaces = write("spaces.txt", b"   \n\n \t \n")
+    for i, path in enumerate((blank_lines, spaces)):
+        result = train_charlm([path], tmp_path / f"ok{i}", **small)
+        assert result.step >= 1 and (tmp_path / f"ok{i}" / MODEL_FILE).exists()
+    tiny = write("tiny.txt", b"tiny\n")
+    with pytest.raises(ValueError) as err:
+        train_charlm([tiny], tmp_path / "tiny", **dict(small, batch_size=8))
+    message = str(err.value)
+    assert str(tiny) in message and "5 characters" in message
+    assert "--batch-size 4 or less" in message
+    with pytest.raises(ValueError, match=r"empty\.txt \(no characters at all\)"):
+        train_charlm([write("empty.txt", b"")], tmp_path / "empty", **small)
+    bad = write("latin1.txt", "caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not valid UTF-8: .* at byte 3"):
+        train_charlm([bad], tmp_path / "bad", **small)
+    with pytest.raises(ValueError) as err:
+        train_charlm([blank_lines], tmp_path / "dev", dev_texts=[write("d.txt", b"\n")], **small)
+    assert "d.txt" in str(err.value) and "--dev" in str(err.value)

@@ -265,6 +265,43 @@ def test_compact_vectors_doc_of_only_whitespace_gets_zeros(trf_ner_nlp):
         assert doc._.trf_data is None
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_compact_vectors_empty_doc_has_the_width_of_the_others(trf_ner_nlp, first):
+    # An empty doc gets no transformer output at all (not even its width): its
+    # compact tensor must still be (0, width), or stacking the docs' tensors fails.
+    trf_ner_nlp.add_pipe("lean_cleaner", config={"compact_vectors": "float16"})
+    texts = ["", "Ada Lindqvist visited Veldmark ."]
+    docs = list(trf_ner_nlp.pipe(texts if first else texts[::-1]))
+    docs.append(trf_ner_nlp(""))
+    assert {doc.tensor.shape[1] for doc in docs} == {32}
+    assert [doc.tensor.shape[0] for doc in docs] == [len(doc) for doc in docs]
+    assert numpy.concatenate([doc.tensor for doc in docs]).shape == (sum(map(len, docs)), 32)
+
+
+def test_messy_docs_as_tuples_and_select_pipes(trf_ner_nlp, texts):
+    # Empty docs and docs of only whitespace (spaCy makes "\n\n"-like tokens) next to
+    # real ones: the same entities as without the cleaner, all trf_data released, the
+    # context of as_tuples kept. (spacy-transformers itself fails on a batch made only
+    # of whitespace docs, so each batch of 3 here has a real doc.)
+    messy = [texts[0], "", "   ", "\n\n", texts[1] + "\n\n   ", " \t\n ", "", "👋🏽 Ada"]
+    messy.append(texts[2])
+    expected = _ents(trf_ner_nlp.pipe(messy, batch_size=3))
+    assert any(expected)
+    trf_ner_nlp.add_pipe("lean_cleaner")
+    pairs = [(t, i) for i, t in enumerate(messy)]
+    out = list(trf_ner_nlp.pipe(pairs, as_tuples=True, batch_size=3))
+    assert [i for _, i in out] == list(range(len(messy)))
+    docs = [doc for doc, _ in out]
+    assert _ents(docs) == expected
+    assert all(doc._.trf_data is None and doc.tensor.size == 0 for doc in docs)
+    with trf_ner_nlp.select_pipes(disable=["lean_cleaner"]):
+        kept = list(trf_ner_nlp.pipe(messy[:3]))
+    assert all(doc._.trf_data is not None for doc in kept)
+    # Enabled again: the cleaner runs (and is checked) as before.
+    docs = list(trf_ner_nlp.pipe(messy, batch_size=3))
+    assert _ents(docs) == expected and all(doc._.trf_data is None for doc in docs)
+
+
 def test_no_op_in_update(trf_ner_dir, blank_nlp):
     train_docs = synthetic.make_ner_docs(blank_nlp, 4, seed=21)
     losses = []

@@ -315,7 +315,10 @@ def encode_texts(
             bar.close()
     if n_chars == 0:
         tmp_path.unlink()
-        raise ValueError(f"The text is empty: {', '.join(str(p) for p in files)}")
+        raise ValueError(
+            f"The text is empty: {', '.join(str(p) for p in files)} (no characters at all). "
+            "Check the path, or give text files with the training text."
+        )
     os.replace(tmp_path, output_dir / IDS_FILE)
     meta = {
         "format": FORMAT,

@@ -144,6 +144,13 @@ def _gather_hidden(hidden: Hidden, dist: _Dist) -> List[torch.Tensor]:
     return out
 
 
+def _names(paths: Sequence[PathLike]) -> str:
+    """The text files, for messages (the first few)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    shown = ", ".join(str(p) for p in paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
 def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr)
@@ -372,8 +379,9 @@ class _Trainer:
             dev = _shared_encoding(dev_texts, dictionary, dev_dir, dist, progress)
             if len(dev) - 1 < dist.world_size:
                 raise ValueError(
-                    f"The dev text ({len(dev)} characters) is too short for {dist.world_size} "
-                    "worker(s): each needs at least one character and its target."
+                    f"The dev text ({_names(dev_texts)}: {len(dev)} characters) is too short "
+                    f"for {dist.world_size} worker(s): each needs at least one character and "
+                    "its target. Give --dev a longer text."
                 )
         batch_size = loader_kwargs["batch_size"]
         loader_settings = dict(bptt=loader_kwargs["bptt"], randomize=loader_kwargs["randomize"])
@@ -382,6 +390,21 @@ class _Trainer:
             saved = state["config"]
             loader_settings = dict(bptt=saved["bptt"], randomize=saved["randomize"])
             seed, clip, lr = saved["seed"], saved["clip"], saved["lr"]
+        n_streams = batch_size * dist.world_size
+        if (len(encoded) - 1) // n_streams < 1:
+            # The loader's own message knows nothing of the files or the option.
+            fits = (len(encoded) - 1) // dist.world_size
+            fix = (
+                f"Use --batch-size {fits} or less (batch_size={fits}), or give it more text."
+                if fits >= 1 and state is None
+                else "Give it more text."
+            )
+            raise ValueError(
+                f"The training text ({_names(texts)}: {len(encoded)} characters, file "
+                f"delimiters included) is too short for {n_streams} streams (batch size "
+                f"{batch_size} x {dist.world_size} worker(s)): each stream needs at least one "
+                f"character and its target, so at least {n_streams + 1} characters. {fix}"
+            )
         loader = CharLMLoader(
             encoded,
             batch_size,
