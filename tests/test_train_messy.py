@@ -121,3 +121,25 @@ def test_a_dev_set_with_scores_does_not_warn(root, tmp_path):
             },
         )
     assert not [w for w in caught if "gave no value" in str(w.message)]
+
+
+@pytest.mark.parametrize("name", ["bad.jsonl", "truncated.spacy"])
+def test_a_damaged_training_file_stops_with_its_message(root, tmp_path, capsys, name):
+    """A .jsonl record whose entity offsets miss the token boundaries, a truncated
+    .spacy file: the run stopped with a traceback (the reader's message on its last
+    line); it now exits 1 with the message, naming the file (and line), and the fix."""
+    path = tmp_path / name
+    if name == "bad.jsonl":
+        path.write_text(
+            '{"text": "Ann Lee met Bob ."}\n{"text": "Hi Bob", "entities": [[1, 4, "PER"]]}\n'
+        )
+    else:
+        path.write_bytes((root / "train.spacy").read_bytes()[:300])
+    with pytest.raises(SystemExit) as info:
+        train(root / "config.cfg", tmp_path / "out", overrides={"paths.train": str(path)})
+    assert info.value.code == 1
+    text = " ".join(capsys.readouterr().out.split())
+    if name == "bad.jsonl":
+        assert f"{path}:2: entities span [1, 4, 'PER']" in text and "token boundaries" in text
+    else:
+        assert f"'{path}'" in text and "truncated" in text
