@@ -658,6 +658,29 @@ def test_compact_chunks_follow_the_workers_share(nlp, shard_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("compact", [False, True])
+def test_share_by_doc_names_a_share_of_only_empty_docs(nlp, tmp_path, compact):
+    """A 3-doc corpus whose middle doc is empty, on 2 workers: worker 1's share is that
+    doc, which is skipped. The warning told the user to "give the corpus at least 2
+    docs" (it has 3); it now says that the worker's share is only empty docs and to
+    remove them. Worker 0 trains on both other docs and does not warn."""
+    docs = synthetic.make_ner_docs(nlp, 2, seed=24)
+    path = tmp_path / "three.spacy"
+    DocBin(docs=[docs[0], Doc(nlp.vocab, words=[]), docs[1]]).to_disk(path)
+    corpus = LeanCorpus(path, instance_rank=1, num_instances=2, compact=compact)
+    with pytest.warns(UserWarning) as record:
+        assert list(corpus(nlp)) == []
+    assert len(record) == 1
+    text = str(record[0].message)
+    assert "3 doc(s) for 2 workers: worker 1 gets no data" in text
+    assert "only empty docs (0 tokens)" in text and "remove the empty docs" in text
+    assert "at least 2 docs" not in text and "--nproc" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = LeanCorpus(path, instance_rank=0, num_instances=2, compact=compact)
+        assert [eg.reference.text for eg in first(nlp)] == [docs[0].text, docs[1].text]
+
+
+@pytest.mark.parametrize("compact", [False, True])
 def test_share_by_doc_warns_a_worker_left_without_docs(nlp, tmp_path, compact):
     """share_by = "doc" with fewer docs than workers: doc i of shard s goes to worker
     (s + i) % n, so with one 1-doc file worker 1 of 2 got nothing, silently (a doc goes

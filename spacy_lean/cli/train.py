@@ -182,6 +182,7 @@ def train(
     """
     from spacy.training.initialize import init_nlp
 
+    from ..corpus.docbin import CorruptShardError
     from ..training.dist import TrainingStateError, context_from_env
     from ..training.loop import DIR_STATE, NothingToTrainError, check_steps_left
     from ..training.loop import read_training_state
@@ -223,8 +224,11 @@ def train(
             msg.fail(str(err), exits=1)
     else:
         msg.divider("Initializing pipeline")
-        with show_validation_error(config_path, hint_fill=False), _single_process_view():
-            nlp = init_nlp(config, use_gpu=dctx.gpu_id)
+        try:
+            with show_validation_error(config_path, hint_fill=False), _single_process_view():
+                nlp = init_nlp(config, use_gpu=dctx.gpu_id)
+        except CorruptShardError as err:  # a data file: its message names it and the fix
+            msg.fail(str(err), exits=1)
         msg.good("Initialized pipeline")
     try:
         policy = update_policy(nlp, max_padded_tokens)
@@ -244,6 +248,10 @@ def train(
         )
     except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
         msg.fail(str(err), exits=1)
+    except CorruptShardError as err:
+        if not dctx.active:  # one process: the message, which names the file, is enough
+            msg.fail(str(err), exits=1)
+        Printer().fail(f"Rank {dctx.rank} of {dctx.world_size} stopped: {err}", exits=1)
     except Exception as err:
         if dctx.active:
             traceback.print_exc()

@@ -329,11 +329,13 @@ class LeanCorpus:
             UserWarning,
         )
 
-    def _check_doc_share(self, pieces: int) -> None:
+    def _check_doc_share(self, stats: SplitStats) -> None:
         """After a whole pass over the corpus with share_by = 'doc' that gave this
-        worker no piece: warn, with the corpus's doc count, unless it has no docs."""
+        worker no piece (`stats`: the pass's counts): warn, with the corpus's doc count,
+        unless it has no docs. When this worker's share was only empty docs (which are
+        skipped), say so: more docs would not help where the empty ones stay."""
         rank, size = self.rank_and_size
-        if pieces or self.share_by != "doc" or size < 2 or self._warned_share:
+        if stats.pieces or self.share_by != "doc" or size < 2 or self._warned_share:
             return
         plan = self._get_limit_plan()
         # No doc of any shard came here only when each holds fewer docs than workers
@@ -351,6 +353,15 @@ class LeanCorpus:
             files = [f"'{self.shards[i]}'" for i, n in counts.items() if n]
             more = f" and {len(files) - 3} more" if len(files) > 3 else ""
             given += f" in {', '.join(files[:3])}{more}"
+        if stats.empty_docs and n_docs >= size:
+            self._warn_left_out(
+                given,
+                f"Its share, {stats.empty_docs} doc(s) (doc i of file s goes to worker "
+                "(s + i) % workers), is only empty docs (0 tokens), which are skipped: "
+                "remove the empty docs from the corpus, or train on fewer processes "
+                "(--nproc).",
+            )
+            return
         self._warn_left_out(
             given,
             "A doc goes to one worker whole (with every piece max_length cuts it into), "
@@ -408,7 +419,7 @@ class LeanCorpus:
             self.compact = True
         if len(doc_bin):
             chunks.append(doc_bin.to_bytes())
-        self._check_doc_share(stats.pieces)
+        self._check_doc_share(stats)
         self._compact_chunks = chunks
         self._compact_stats = stats
         self._report(stats)
@@ -594,7 +605,7 @@ class CorpusStream:
                             self._yielded += 1
                             yield out[1]
             if self._start is None and not corpus.compact:  # a whole pass: all is counted
-                corpus._check_doc_share(split_stats.pieces)
+                corpus._check_doc_share(split_stats)
             self._done = True
             self._pos = (len(order), 0, 0)
         while buffer:

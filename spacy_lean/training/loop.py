@@ -297,13 +297,20 @@ def weighted_score(
 
 
 def make_distributed_evaluation(
-    nlp: Language, dev_corpus: Callable, weights: Dict[str, Optional[float]], ctx: DistContext
+    nlp: Language,
+    dev_corpus: Callable,
+    weights: Dict[str, Optional[float]],
+    ctx: DistContext,
+    name: str = "[corpora.dev]",
 ) -> Callable[[], Tuple[float, Dict[str, Any]]]:
     """Each rank scores its share of the dev set with the streaming evaluator; the
     states are gathered (as JSON) and merged in rank order on every rank, so every rank
     gets the single-process scores and can take the same stopping decision. The
     evaluator takes the settings of the config's streaming-evaluation callback
-    (`window_size`, `max_batch_tokens`, `trim_slack_mb`), where it has one."""
+    (`window_size`, `max_batch_tokens`, `trim_slack_mb`), where it has one. When no
+    score of [training.score_weights] has a value (a dev set of only empty docs), rank
+    0 warns once, naming the dev set (`name`): the scores then read 0 in the table and
+    meta.json, as in `spacy train`, where `spacy evaluate` shows '-'."""
     from ..distributed import merge_states
     from ..streaming import StreamingEvaluator, make_score_state, streaming_settings
 
@@ -318,8 +325,23 @@ def make_distributed_evaluation(
             raise KeyError(Errors.E900.format(pipeline=nlp.pipe_names)) from e
         states = ctx.all_gather_json(state.to_dict())
         merged = merge_states(dict(enumerate(states)), nlp, template=make_score_state(nlp))
-        return weighted_score(merged.result(), weights)
+        score, scores = weighted_score(merged.result(), weights)
+        keys = [k for k, v in weights.items() if v is not None]
+        if keys and not any(k in scores for k in keys) and not warned and ctx.rank == 0:
+            warned.append(True)
+            warnings.warn(
+                f"The dev set {name} gave no value for any score of "
+                f"[training.score_weights] ({', '.join(keys)}): spaCy's scorer gives None "
+                "where there is nothing to score: every doc is empty (0 tokens), or no doc "
+                "has the annotation (e.g. no entity) and the pipeline predicts none. "
+                "The table and meta.json show them as 0, as `spacy train` does, and "
+                "`spacy evaluate` shows '-'; best-model selection has nothing to go by. "
+                "Point --paths.dev at annotated, non-empty docs.",
+                UserWarning,
+            )
+        return score, scores
 
+    warned: List[bool] = []
     return evaluate
 
 
@@ -720,7 +742,9 @@ def train(
         ctx,
         name=_corpus_name(train_corpus, config, T["train_corpus"]),
     )
-    evaluate = make_distributed_evaluation(nlp, dev_corpus, score_weights, ctx)
+    evaluate = make_distributed_evaluation(
+        nlp, dev_corpus, score_weights, ctx, _corpus_name(dev_corpus, config, T["dev_corpus"])
+    )
 
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
