@@ -76,6 +76,9 @@ def _plan(
         return []
     order = numpy.argsort(-numpy.asarray(lengths, dtype="int64"), kind="stable")
     widths = -(-numpy.asarray(lengths, dtype="int64")[order] // width_step) * width_step
+    # A row with no wordpieces (whitespace, from a tokenizer that adds no [CLS]/[SEP])
+    # still runs at a width of at least one step: a model cannot run at width 0.
+    widths = numpy.maximum(widths, width_step)
     if max_width is not None:
         widths = numpy.minimum(widths, max(int(max_width), 1))
     # best[j]: the least cost of the first j sorted rows; cut[j]: where its last group starts.

@@ -303,3 +303,23 @@ def test_lean_update_sorts_spans_unless_told_not_to(trf_ner_nlp):
     assert calls[False][0] == 1 and calls[True][0] > 1
     assert calls[True][1] < calls[False][1] and calls[True][2] == calls[False][2]
     assert UpdatePolicy.from_dict(UpdatePolicy(sort_spans=False).to_dict()).sort_spans is False
+
+
+def test_rows_without_wordpieces_run_in_a_group(tmp_path, blank_nlp):
+    """A tokenizer that adds no [CLS]/[SEP] gives a whitespace-only doc no wordpieces;
+    sorted into a group of their own, such rows ran the model at width 0 (an IndexError
+    deep in BERT) where spaCy's one batch ran them beside the others."""
+    from spacy_lean.trf_align import fast_alignment
+
+    bare = synthetic.make_tiny_transformer(tmp_path / "bare", special_tokens=False)
+    nlp = synthetic.build_trf_ner_pipeline(
+        bare, synthetic.make_ner_docs(blank_nlp, 12, seed=4), n_steps=2
+    )
+    texts = [d.text for d in synthetic.make_ner_docs(blank_nlp, 6, seed=9)]
+    texts = texts[:3] + ["   ", "\n\n", " \t "] * 4 + texts[3:]
+    expected = [[(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)]
+    with fast_alignment(), sorted_span_groups(nlp) as changed:
+        assert changed == 1
+        got = [[(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)]
+    assert got == expected
+    assert plan_groups([0, 0, 40, 0], 0, 16)[-1] == [0, 1, 3]  # the empty rows, together
