@@ -159,15 +159,21 @@ def make_tiny_transformer(
     intermediate_size: int = 64,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    special_tokens: bool = True,
 ) -> Path:
     """Train a WordPiece tokenizer and save a randomly initialised BERT to `path`.
 
     The folder is loadable with `name = "<path>"` in spacy-transformers' configs and
     with `transformers.AutoModel.from_pretrained(path)`, with no network.
+    special_tokens (bool): wrap every text in [CLS] ... [SEP], as BERT's own tokenizers
+        do (so a text of only whitespace still has two wordpieces); False for a
+        tokenizer that adds nothing, which gives such a text none.
     RETURNS (Path): the folder.
     """
     import torch
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    )
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     path = Path(path)
@@ -186,6 +192,13 @@ def make_tiny_transformer(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if special_tokens:
+        cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        )
     tok_file = path / "tokenizer.json"
     tok.save(str(tok_file))
     fast = BertTokenizerFast(
