@@ -5,6 +5,7 @@ browser, not on PyPI. Here they are made absolute on `base_url` of setup.cfg's
 plain text naming the file, so the published page has no broken link. Links in code are left
 alone. tests/test_packaging.py builds the metadata and checks it.
 """
+
 import configparser
 import posixpath
 import re
@@ -14,9 +15,7 @@ HERE = Path(__file__).resolve().parent
 FENCE = re.compile(r"^(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`]*`")
 # [text](target "title") and ![alt](target); the same pattern tests/test_docs.py checks.
-LINK = re.compile(
-    r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]+)>?((?:\s+\"[^\"]*\")?)\s*\)"
-)
+LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]+)>?((?:\s+\"[^\"]*\")?)\s*\)")
 ABSOLUTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # https:, mailto:, ...
 
 

@@ -1,11 +1,14 @@
 """Dev sets for the evaluation benchmarks: a base set of docs tiled to each size,
 written as one .spacy file and as a folder of shards (each written only once)."""
+
 import shutil
 from pathlib import Path
 from typing import Dict, Sequence
 
 
-def write_tiled(base, sizes: Sequence[int], work: Path, stem: str, shard_docs: int) -> Dict[int, Dict[str, Path]]:
+def write_tiled(
+    base, sizes: Sequence[int], work: Path, stem: str, shard_docs: int
+) -> Dict[int, Dict[str, Path]]:
     """Write `dev_{size}_{stem}.spacy` and `dev_{size}_{stem}_shards/` for each size.
 
     base (List[Doc]): the docs to tile (doc i of a set is base[i % len(base)]).

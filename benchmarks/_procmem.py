@@ -1,5 +1,6 @@
 """Resident-memory readings for the benchmarks (Linux /proc; each benchmark measures in
 a fresh child process)."""
+
 from pathlib import Path
 
 

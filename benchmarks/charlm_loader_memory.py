@@ -17,6 +17,7 @@ converted to int64 torch tensors as a trainer does):
   a list of characters per document, a Python list comprehension of ids, an int64
   tensor), then Flair's `_batchify` (a contiguous [n / bs, bs] copy).
 """
+
 import argparse
 import json
 import subprocess
@@ -158,7 +159,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/spacy_lean_bench"))
     parser.add_argument("--approaches", default=",".join(APPROACHES))
     parser.add_argument(
-        "--output", type=Path, default=None,
+        "--output",
+        type=Path,
+        default=None,
         help="JSON file (default: benchmarks/results/charlm_loader_memory.json; --quick: none)",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -178,8 +181,16 @@ def main() -> None:
     results = {}
     for approach in args.approaches.split(","):
         cmd = [
-            sys.executable, __file__, "--child", approach, "--text", str(text_path),
-            "--dictionary", str(dict_path), "--data-dir", str(args.data_dir),
+            sys.executable,
+            __file__,
+            "--child",
+            approach,
+            "--text",
+            str(text_path),
+            "--dictionary",
+            str(dict_path),
+            "--data-dir",
+            str(args.data_dir),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results[approach] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -190,7 +201,8 @@ def main() -> None:
         "vocab_size": len(dictionary),
         "batch_size": BATCH_SIZE,
         "bptt": BPTT,
-        "command": "python benchmarks/charlm_loader_memory.py" + (" --quick" if args.quick else "")
+        "command": "python benchmarks/charlm_loader_memory.py"
+        + (" --quick" if args.quick else "")
         + (f" --mb {args.mb:g}" if args.mb is not None else ""),
         "results": results,
     }

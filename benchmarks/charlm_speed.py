@@ -27,6 +27,7 @@ Sides:
 Flair keeps its vectors with storage mode 'cpu' (on the tokens); ours keeps the
 `[n_tokens, width]` array the embedder returns.
 """
+
 import argparse
 import json
 import os
@@ -107,8 +108,10 @@ def child(args) -> None:
         if args.side == "flair-sorted":
             # Flair's predict() sorts by number of tokens before batching.
             order.sort(key=lambda i: len(sents[i]), reverse=True)
-        batches = [[sents[i] for i in order[b:b + args.batch_size]]
-                   for b in range(0, len(order), args.batch_size)]
+        batches = [
+            [sents[i] for i in order[b : b + args.batch_size]]
+            for b in range(0, len(order), args.batch_size)
+        ]
         _reset_peak()
         base = _rss_kb("VmRSS")
         if cuda:
@@ -136,7 +139,9 @@ def child(args) -> None:
         vocab = spacy.blank("en").vocab
         lms = [CharLM.load(p, map_location=device, has_decoder=False) for p in (fw, bw)]
         embedder = CharLMEmbedder(
-            *lms, batch_size=args.batch_size, threads=args.threads,
+            *lms,
+            batch_size=args.batch_size,
+            threads=args.threads,
             # Side by side only when there are 2 threads to share: never more cores
             # than Flair gets.
             concurrent=args.side == "ours" and args.threads >= 2,
@@ -182,22 +187,38 @@ def make_checkpoints(ckpt_dir: Path, hidden: int, n_sentences: int, seed: int) -
     dictionary = CharDictionary.from_texts(texts)
     for k, forward in enumerate((True, False)):
         torch.manual_seed(100 + k)
-        lm = CharLM(dictionary, is_forward_lm=forward, hidden_size=hidden, nlayers=1,
-                    embedding_size=100)
+        lm = CharLM(
+            dictionary, is_forward_lm=forward, hidden_size=hidden, nlayers=1, embedding_size=100
+        )
         lm.save(ckpt_dir / ("forward.pt" if forward else "backward.pt"))
 
 
 def run_child(side, hidden, threads, device, ckpt_dir, args, save_vectors=None) -> dict:
-    cmd = [sys.executable, __file__, "--child", side, "--threads", str(threads),
-           "--device", device, "--ckpt-dir", str(ckpt_dir), "--n-sentences",
-           str(args.n_sentences), "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        side,
+        "--threads",
+        str(threads),
+        "--device",
+        device,
+        "--ckpt-dir",
+        str(ckpt_dir),
+        "--n-sentences",
+        str(args.n_sentences),
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+    ]
     if save_vectors:
         cmd += ["--save-vectors", str(save_vectors)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child {side} failed:\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def main() -> None:
@@ -205,17 +226,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (300 sentences)")
     parser.add_argument("--n-sentences", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="runs per side for hidden < 1024 (default 3; 1 for 1024)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per side for hidden < 1024 (default 3; 1 for 1024)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "charlm_speed.json")
-    parser.add_argument("--configs", default=None,
-                        help="hidden:threads[:repeats] list, e.g. 256:2:3,1024:1 (default: "
-                        + ",".join(f"{h}:{t}" for h, t in CONFIGS) + ")")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "charlm_speed.json"
+    )
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help="hidden:threads[:repeats] list, e.g. 256:2:3,1024:1 (default: "
+        + ",".join(f"{h}:{t}" for h, t in CONFIGS)
+        + ")",
+    )
     # child-process options
-    parser.add_argument("--child", choices=["flair", "flair-sorted", "ours", "ours-sequential"],
-                        default=None)
+    parser.add_argument(
+        "--child", choices=["flair", "flair-sorted", "ours", "ours-sequential"], default=None
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--ckpt-dir", default=None)
@@ -257,49 +288,68 @@ def main() -> None:
                 ckpt_dir.mkdir(exist_ok=True)
                 make_checkpoints(ckpt_dir, hidden, args.n_sentences, args.seed)
                 repeats = (config_repeats[0] if config_repeats else args.repeats) or (
-                    1 if (args.quick or hidden >= 1024) else 3)
+                    1 if (args.quick or hidden >= 1024) else 3
+                )
                 if device == "cuda":
                     repeats = max(repeats, 3)
                 sides = ["flair", "flair-sorted", "ours"] + (
-                    ["ours-sequential"] if threads >= 2 else [])
+                    ["ours-sequential"] if threads >= 2 else []
+                )
                 runs = {side: [] for side in sides}
                 for r in range(repeats):
                     # Alternate the order, so drift on a shared machine hits both sides.
-                    for side in (sides if r % 2 == 0 else sides[::-1]):
+                    for side in sides if r % 2 == 0 else sides[::-1]:
                         vec = tmp / f"{side}.npy" if r == 0 else None
-                        runs[side].append(run_child(side, hidden, threads, device, ckpt_dir,
-                                                    args, save_vectors=vec))
-                        print(f"[{device} h{hidden} t{threads} #{r}] {side}: "
-                              f"{runs[side][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+                        runs[side].append(
+                            run_child(
+                                side, hidden, threads, device, ckpt_dir, args, save_vectors=vec
+                            )
+                        )
+                        print(
+                            f"[{device} h{hidden} t{threads} #{r}] {side}: "
+                            f"{runs[side][-1]['tokens_per_s']:.0f} tokens/s",
+                            file=sys.stderr,
+                        )
                 ref = numpy.load(tmp / "flair.npy")
-                entry = {"device": device, "hidden_size": hidden, "threads": threads,
-                         "nlayers": 1, "repeats": repeats, "sides": {}}
+                entry = {
+                    "device": device,
+                    "hidden_size": hidden,
+                    "threads": threads,
+                    "nlayers": 1,
+                    "repeats": repeats,
+                    "sides": {},
+                }
                 for side in sides:
                     rs = runs[side]
                     entry["sides"][side] = {
                         "tokens_per_s_median": median(x["tokens_per_s"] for x in rs),
                         "tokens_per_s_runs": [round(x["tokens_per_s"], 1) for x in rs],
                         "peak_rss_increase_mb_median": median(
-                            x["peak_rss_increase_mb"] for x in rs),
+                            x["peak_rss_increase_mb"] for x in rs
+                        ),
                         "retained_bytes": rs[0]["retained_bytes"],
                         "vector_bytes": rs[0]["vector_bytes"],
                         "retained_over_vector_bytes": (
-                            rs[0]["retained_bytes"] / rs[0]["vector_bytes"]),
+                            rs[0]["retained_bytes"] / rs[0]["vector_bytes"]
+                        ),
                         "tokens": rs[0]["tokens"],
                         "load_average_1min_runs": [x["load_average_1min"] for x in rs],
                     }
                     if "peak_cuda_increase_mb" in rs[0]:
                         entry["sides"][side]["peak_cuda_increase_mb_median"] = median(
-                            x["peak_cuda_increase_mb"] for x in rs)
+                            x["peak_cuda_increase_mb"] for x in rs
+                        )
                     if side != "flair":
                         ours = numpy.load(tmp / f"{side}.npy")
                         entry["sides"][side]["max_abs_diff_vs_flair"] = float(
-                            numpy.abs(ours - ref).max())
+                            numpy.abs(ours - ref).max()
+                        )
                     if side.startswith("ours"):
                         for base in ("flair", "flair-sorted"):
                             entry["sides"][side][f"speedup_vs_{base}"] = (
                                 entry["sides"][side]["tokens_per_s_median"]
-                                / entry["sides"][base]["tokens_per_s_median"])
+                                / entry["sides"][base]["tokens_per_s_median"]
+                            )
                             entry["sides"][side][f"speedup_runs_vs_{base}"] = [
                                 round(o["tokens_per_s"] / f["tokens_per_s"], 3)
                                 for o, f in zip(rs, runs[base])

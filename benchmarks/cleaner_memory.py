@@ -15,6 +15,7 @@ measures what the docs themselves take: the floor any cleaner can reach.
 
 Prints JSON and writes it to benchmarks/results/cleaner_memory.json (or --out).
 """
+
 import argparse
 import json
 import os
@@ -62,7 +63,12 @@ def _malloc_trim() -> None:
 
 
 def run_child(
-    mode: str, n_docs: int, model_dir: str, seed: int, gpu: bool, long_doc_rate: float,
+    mode: str,
+    n_docs: int,
+    model_dir: str,
+    seed: int,
+    gpu: bool,
+    long_doc_rate: float,
     empty_every: int = 0,
 ) -> dict:
     import gc
@@ -107,11 +113,15 @@ def run_child(
     blank = spacy.blank("en")
     texts = [d.text for d in synthetic.make_ner_docs(blank, n_docs, seed, long_doc_rate)]
     if mode == "tokenizer_only":
+
         def run(batch):
             return list(nlp.tokenizer.pipe(batch))
+
     else:
+
         def run(batch):
             return list(nlp.pipe(batch))
+
     # A discarded pass over the same texts first: the allocators then already hold
     # the largest batch's working memory, so what the measured pass adds is what
     # the kept docs hold (plus heap fragmentation), not the luck of batch shapes.
@@ -161,7 +171,10 @@ def build_model(workdir: Path) -> Path:
     model = workdir / "trf_ner256"
     if not (model / "config.cfg").exists():
         synthetic.make_tiny_transformer(
-            bert, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+            bert,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
             intermediate_size=1024,
         )
         nlp = synthetic.build_trf_ner_pipeline(bert, n_steps=2)
@@ -173,9 +186,20 @@ def measure(mode, n_docs, model, seed, gpu, repeats, long_doc_rate, every):
     """Run one measurement in a fresh subprocess per repeat; keep the median."""
     results = []
     for _ in range(repeats):
-        cmd = [sys.executable, __file__, "--child", mode, str(n_docs), str(model),
-               "--seed", str(seed), "--long-doc-rate", str(long_doc_rate),
-               "--empty-cache-every", str(every)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            str(n_docs),
+            str(model),
+            "--seed",
+            str(seed),
+            "--long-doc-rate",
+            str(long_doc_rate),
+            "--empty-cache-every",
+            str(every),
+        ]
         cmd += ["--gpu"] if gpu else []
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -186,20 +210,38 @@ def measure(mode, n_docs, model, seed, gpu, repeats, long_doc_rate, every):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    parser.add_argument("--sizes", type=int, nargs=3, default=None,
-                        help="three doc counts (default 100 400 1600; --quick 25 100 400)")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs=3,
+        default=None,
+        help="three doc counts (default 100 400 1600; --quick 25 100 400)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per point (median)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--empty-cache-every", type=int, default=0,
-                        help="with CUDA: empty_cache_every of the lean_cleaner modes "
-                        "(default 0: nlp.batch_size)")
-    parser.add_argument("--long-doc-rate", type=float, default=0.0,
-                        help="share of 20-60 sentence docs (default 0: each batch then needs "
-                        "about the same working memory, so the slope measures what is kept)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the local BERT and pipeline are built (default: temp)")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "cleaner_memory.json")
+    parser.add_argument(
+        "--empty-cache-every",
+        type=int,
+        default=0,
+        help="with CUDA: empty_cache_every of the lean_cleaner modes "
+        "(default 0: nlp.batch_size)",
+    )
+    parser.add_argument(
+        "--long-doc-rate",
+        type=float,
+        default=0.0,
+        help="share of 20-60 sentence docs (default 0: each batch then needs "
+        "about the same working memory, so the slope measures what is kept)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the local BERT and pipeline are built (default: temp)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "cleaner_memory.json"
+    )
     parser.add_argument("--gpu", action="store_true", help="run on CUDA (default: if available)")
     parser.add_argument("--cpu", action="store_true", help="never use CUDA")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -208,8 +250,15 @@ def main():
 
     if args.child:
         mode, n_docs, model = args.child
-        result = run_child(mode, int(n_docs), model, args.seed, args.gpu, args.long_doc_rate,
-                           args.empty_cache_every)
+        result = run_child(
+            mode,
+            int(n_docs),
+            model,
+            args.seed,
+            args.gpu,
+            args.long_doc_rate,
+            args.empty_cache_every,
+        )
         print(json.dumps(result))
         return
 
@@ -224,13 +273,26 @@ def main():
         rows = {}
         for mode in args.modes:
             rows[mode] = [
-                measure(mode, n, model, args.seed, gpu, args.repeats, args.long_doc_rate,
-                        args.empty_cache_every)
+                measure(
+                    mode,
+                    n,
+                    model,
+                    args.seed,
+                    gpu,
+                    args.repeats,
+                    args.long_doc_rate,
+                    args.empty_cache_every,
+                )
                 for n in sizes
             ]
-            print(f"# {mode}: " + ", ".join(
-                f"{r['n_docs']} docs -> +{r['peak_rss_growth_kb'] / 1024:.1f} MB peak RSS"
-                for r in rows[mode]), file=sys.stderr)
+            print(
+                f"# {mode}: "
+                + ", ".join(
+                    f"{r['n_docs']} docs -> +{r['peak_rss_growth_kb'] / 1024:.1f} MB peak RSS"
+                    for r in rows[mode]
+                ),
+                file=sys.stderr,
+            )
 
     def slope(points, key, first=0):
         lo, hi = points[first], points[-1]

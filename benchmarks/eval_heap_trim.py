@@ -216,8 +216,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
-                        help="the lean arms to run (with spacy evaluate)")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(POLICIES),
+        choices=list(POLICIES),
+        help="the lean arms to run (with spacy evaluate)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     global ARMS

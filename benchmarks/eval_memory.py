@@ -33,6 +33,7 @@ arms run interleaved (order alternating per repeat), so load changes hit both.
                                                   # 1,200 docs, 5 pairs (small), 2 (base)
 Prints JSON and writes benchmarks/results/eval_memory.json.
 """
+
 import argparse
 import contextlib
 import json
@@ -53,8 +54,12 @@ from _procmem import proc_status, reset_peak  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "eval_memory.json"
 SHARD_DOCS = 100
 MODELS = {
-    "small": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256),
-    "base": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "small": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256
+    ),
+    "base": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+    ),
 }
 
 
@@ -109,7 +114,9 @@ def build_model(work: Path, kind: str, seed: int = 0) -> Path:
     return model
 
 
-def build_data(work: Path, n_base: int, sizes: List[int], seed: int = 2) -> Dict[str, Dict[int, Path]]:
+def build_data(
+    work: Path, n_base: int, sizes: List[int], seed: int = 2
+) -> Dict[str, Dict[int, Path]]:
     """Each size as one .spacy file and as a folder of shards of SHARD_DOCS docs."""
     import spacy
 
@@ -165,9 +172,24 @@ def child(arm: str, model: str, data: str, threads: int) -> dict:
 
 
 def run_child(arm: str, model: Path, data: Path, threads: int) -> dict:
-    env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, __file__, "--child", arm, str(model), str(data), "--threads", str(threads)]
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS=str(threads),
+    )
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        arm,
+        str(model),
+        str(data),
+        "--threads",
+        str(threads),
+    ]
     load_before = os.getloadavg()
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -177,9 +199,13 @@ def run_child(arm: str, model: Path, data: Path, threads: int) -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     # (wait4's ru_maxrss would carry this process's size over from the fork.)
     result.update(
-        arm=arm, wall_seconds=wall, load_avg_before=load_before, load_avg_after=os.getloadavg(),
-        peak_rss_process_mb=max(result["peak_rss_after_load_mb"],
-                                result.get("peak_rss_during_load_mb", 0.0)),
+        arm=arm,
+        wall_seconds=wall,
+        load_avg_before=load_before,
+        load_avg_after=os.getloadavg(),
+        peak_rss_process_mb=max(
+            result["peak_rss_after_load_mb"], result.get("peak_rss_during_load_mb", 0.0)
+        ),
     )
     return result
 
@@ -188,8 +214,20 @@ def without_speed(scores: dict) -> dict:
     return {k: v for k, v in scores.items() if k != "speed"}
 
 
-def run_series(work, model_kind, model, layouts, data, sizes, arms, repeats, threads, runs,
-               stock_sizes=None, first_repeat=0):
+def run_series(
+    work,
+    model_kind,
+    model,
+    layouts,
+    data,
+    sizes,
+    arms,
+    repeats,
+    threads,
+    runs,
+    stock_sizes=None,
+    first_repeat=0,
+):
     """Every (layout, size) with every arm, `repeats` times, the arm order alternating
     (the stock arm only at `stock_sizes`, when given). Repeats are numbered from
     `first_repeat` (the wall-time ratios pair the two arms' runs of one repeat)."""
@@ -203,9 +241,13 @@ def run_series(work, model_kind, model, layouts, data, sizes, arms, repeats, thr
                     result = run_child(arm, arm_model, data[layout][size], threads)
                     result.update(model=model_kind, layout=layout, size=size, repeat=rep)
                     runs.append(result)
-                    print(f"{model_kind:5s} {layout:6s} {size:5d} {arm:22s} wall {result['wall_seconds']:6.1f}s "
-                          f"peak {result['peak_rss_after_load_mb']:6.0f} MB (process {result['peak_rss_process_mb']:.0f}) "
-                          f"load {result['load_avg_before'][0]:.1f}", file=sys.stderr, flush=True)
+                    print(
+                        f"{model_kind:5s} {layout:6s} {size:5d} {arm:22s} wall {result['wall_seconds']:6.1f}s "
+                        f"peak {result['peak_rss_after_load_mb']:6.0f} MB (process {result['peak_rss_process_mb']:.0f}) "
+                        f"load {result['load_avg_before'][0]:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
 
 # ---------------------------------------------------------------------------------
@@ -224,7 +266,9 @@ def summarize(runs: List[dict], arms: List[str]) -> dict:
                 continue
             row[arm] = {
                 "wall_seconds_median": statistics.median(r["wall_seconds"] for r in mine),
-                "after_load_seconds_median": statistics.median(r["after_load_seconds"] for r in mine),
+                "after_load_seconds_median": statistics.median(
+                    r["after_load_seconds"] for r in mine
+                ),
                 "peak_rss_after_load_mb": max(r["peak_rss_after_load_mb"] for r in mine),
                 "peak_rss_process_mb": max(r["peak_rss_process_mb"] for r in mine),
                 "n": len(mine),
@@ -236,8 +280,10 @@ def summarize(runs: List[dict], arms: List[str]) -> dict:
                     # Per repeat, the two arms ran back to back: ratio of each pair.
                     pairs = [
                         a["wall_seconds"] / b["wall_seconds"]
-                        for a in group if a["arm"] == arm
-                        for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
+                        for a in group
+                        if a["arm"] == arm
+                        for b in group
+                        if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
                     ]
                     row[arm]["wall_ratio_vs_stock_median"] = statistics.median(pairs)
                     # The command alone (`app(argv)`): the interpreter start and imports
@@ -245,8 +291,10 @@ def summarize(runs: List[dict], arms: List[str]) -> dict:
                     # spacy-lean's entry point either way), so only their noise differs.
                     row[arm]["command_ratio_vs_stock_median"] = statistics.median(
                         a["command_seconds"] / b["command_seconds"]
-                        for a in group if a["arm"] == arm
-                        for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
+                        for a in group
+                        if a["arm"] == arm
+                        for b in group
+                        if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
                     )
                     row[arm]["wall_ratio_vs_stock_of_medians"] = (
                         row[arm]["wall_seconds_median"] / stock["wall_seconds_median"]
@@ -259,7 +307,10 @@ def summarize(runs: List[dict], arms: List[str]) -> dict:
         rows.append(row)
     growth = {}
     for model, layout in sorted({(r["model"], r["layout"]) for r in rows}):
-        mine = sorted((r for r in rows if (r["model"], r["layout"]) == (model, layout)), key=lambda r: r["size"])
+        mine = sorted(
+            (r for r in rows if (r["model"], r["layout"]) == (model, layout)),
+            key=lambda r: r["size"],
+        )
         if len(mine) < 3:
             continue
         for arm in arms:
@@ -292,26 +343,48 @@ def targets(summary: dict) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes (20, 80, 320 docs)")
     parser.add_argument("--base", type=int, default=None, help="docs of the 1x set (default 300)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per (layout, size, arm) for memory")
-    parser.add_argument("--timing-repeats", type=int, default=2,
-                        help="runs per arm of the base model's wall-time comparison (0: skip it)")
-    parser.add_argument("--timing-size", type=int, default=None, help="docs of that comparison (default: 1x)")
-    parser.add_argument("--small-timing-repeats", type=int, default=0,
-                        help="extra runs per arm of the small model on one file of --timing-size docs, "
-                        "added to that cell of the memory series (its wall-time ratio is the median "
-                        "over all pairs)")
-    parser.add_argument("--stock-max-size", type=int, default=None,
-                        help="run the stock arm only up to this many docs in the memory series "
-                        "(it lists the whole dev set, so it is the slow one; default: every size)")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per (layout, size, arm) for memory"
+    )
+    parser.add_argument(
+        "--timing-repeats",
+        type=int,
+        default=2,
+        help="runs per arm of the base model's wall-time comparison (0: skip it)",
+    )
+    parser.add_argument(
+        "--timing-size", type=int, default=None, help="docs of that comparison (default: 1x)"
+    )
+    parser.add_argument(
+        "--small-timing-repeats",
+        type=int,
+        default=0,
+        help="extra runs per arm of the small model on one file of --timing-size docs, "
+        "added to that cell of the memory series (its wall-time ratio is the median "
+        "over all pairs)",
+    )
+    parser.add_argument(
+        "--stock-max-size",
+        type=int,
+        default=None,
+        help="run the stock arm only up to this many docs in the memory series "
+        "(it lists the whole dev set, so it is the slow one; default: every size)",
+    )
     parser.add_argument("--models", nargs="+", default=["small", "base"], choices=sorted(MODELS))
     parser.add_argument("--arms", nargs="+", default=[STOCK_ARM, LEAN_ARM], choices=list(ARMS))
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where models and data go (kept)")
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="where models and data go (kept)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--child", nargs=3, metavar=("ARM", "MODEL", "DATA"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("ARM", "MODEL", "DATA"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.threads)))
@@ -326,34 +399,79 @@ def main():
     started = time.time()
     if "small" in models:
         stock_sizes = [n for n in sizes if args.stock_max_size is None or n <= args.stock_max_size]
-        run_series(work, "small", models["small"], ["file", "shards"], data, sizes, args.arms,
-                   args.repeats, args.threads, runs, stock_sizes=stock_sizes)
+        run_series(
+            work,
+            "small",
+            models["small"],
+            ["file", "shards"],
+            data,
+            sizes,
+            args.arms,
+            args.repeats,
+            args.threads,
+            runs,
+            stock_sizes=stock_sizes,
+        )
         size = args.timing_size or n_base
         if args.small_timing_repeats > 0:
             if size not in data["file"]:
                 data = build_data(work, n_base, sorted(set(sizes + [size])))
-            run_series(work, "small", models["small"], ["file"], data, [size], args.arms,
-                       args.small_timing_repeats, args.threads, runs, first_repeat=args.repeats)
+            run_series(
+                work,
+                "small",
+                models["small"],
+                ["file"],
+                data,
+                [size],
+                args.arms,
+                args.small_timing_repeats,
+                args.threads,
+                runs,
+                first_repeat=args.repeats,
+            )
     if "base" in models and args.timing_repeats > 0:
         size = args.timing_size or n_base
         if size not in data["file"]:
             data = build_data(work, n_base, sorted(set(sizes + [size])))
-        run_series(work, "base", models["base"], ["file"], data, [size], args.arms,
-                   args.timing_repeats, args.threads, runs)
+        run_series(
+            work,
+            "base",
+            models["base"],
+            ["file"],
+            data,
+            [size],
+            args.arms,
+            args.timing_repeats,
+            args.threads,
+            runs,
+        )
     summary = summarize(runs, args.arms)
     summary["targets"] = targets(summary)
     report = {
         "benchmark": "eval_memory",
-        "command": "nice -n 10 python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
-                    "threads_per_run": args.threads},
-        "models": {k: f"BERT {v['num_hidden_layers']} layers x {v['hidden_size']} wide (random init, "
-                      "local WordPiece) + ner (30 steps)" for k, v in MODELS.items() if k in models},
+        "command": "nice -n 10 python "
+        + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "load_avg_at_start": os.getloadavg(),
+            "threads_per_run": args.threads,
+        },
+        "models": {
+            k: f"BERT {v['num_hidden_layers']} layers x {v['hidden_size']} wide (random init, "
+            "local WordPiece) + ner (30 steps)"
+            for k, v in MODELS.items()
+            if k in models
+        },
         "data": json.loads((work / f"data_stats_base{n_base}.json").read_text()),
         "sizes": sizes,
-        "arms": {name: " ".join(["python -m spacy", *ARMS[name].argv(Path("MODEL"), Path("DATA"), Path("OUT"))])
-                 for name in args.arms},
+        "arms": {
+            name: " ".join(
+                ["python -m spacy", *ARMS[name].argv(Path("MODEL"), Path("DATA"), Path("OUT"))]
+            )
+            for name in args.arms
+        },
         "seconds_total": time.time() - started,
         "summary": summary,
         "runs": runs,

@@ -30,6 +30,7 @@ arm's median wall time and peak RSS after loading, the wall-time ratio (median o
 per-repeat pairs), the peak's growth from 1x to 4x (and lean's from 4x to 16x), and whether
 the scores are identical.
 """
+
 import argparse
 import json
 import platform
@@ -41,7 +42,14 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _devsets import write_tiled  # noqa: E402
-from eval_memory import LEAN_ARM, SLACK16_ARM, STOCK_ARM, build_model, run_child, without_speed  # noqa: E402
+from eval_memory import (
+    LEAN_ARM,
+    SLACK16_ARM,
+    STOCK_ARM,
+    build_model,
+    run_child,
+    without_speed,
+)  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "eval_shapes.json"
 SHAPES = ("tweets", "conll", "long")
@@ -109,8 +117,15 @@ def stats(docs) -> Dict[str, float]:
     def pct(p):
         return lengths[min(len(lengths) - 1, int(p * len(lengths)))]
 
-    return {"docs": len(docs), "tokens": sum(lengths), "entities": sum(len(d.ents) for d in docs),
-            "p10": pct(0.1), "p50": pct(0.5), "p90": pct(0.9), "max": lengths[-1]}
+    return {
+        "docs": len(docs),
+        "tokens": sum(lengths),
+        "entities": sum(len(d.ents) for d in docs),
+        "p10": pct(0.1),
+        "p50": pct(0.5),
+        "p90": pct(0.9),
+        "max": lengths[-1],
+    }
 
 
 def main():
@@ -121,8 +136,12 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/eval_shapes"))
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--no-lean-16x", dest="lean_16x", action="store_false",
-                        help="skip the one `spacy lean evaluate` run on each dev set at 16x")
+    parser.add_argument(
+        "--no-lean-16x",
+        dest="lean_16x",
+        action="store_false",
+        help="skip the one `spacy lean evaluate` run on each dev set at 16x",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -143,8 +162,12 @@ def main():
                     result = run_child(arm, model, files[size]["file"], args.threads)
                     result.update(shape=shape, factor=factor, size=size, repeat=rep)
                     runs.append(result)
-                    print(f"{shape:6s} {factor}x {arm:20s} wall {result['wall_seconds']:6.1f}s "
-                          f"peak {result['peak_rss_after_load_mb']:6.0f} MB", file=sys.stderr, flush=True)
+                    print(
+                        f"{shape:6s} {factor}x {arm:20s} wall {result['wall_seconds']:6.1f}s "
+                        f"peak {result['peak_rss_after_load_mb']:6.0f} MB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     summary = {}
     for shape in args.shapes:
         row = {"data": shapes[shape]}
@@ -153,13 +176,21 @@ def main():
             cell = {}
             for arm in ARMS:
                 mine = [r for r in group if r["arm"] == arm]
-                cell[arm] = {"wall_seconds_median": statistics.median(r["wall_seconds"] for r in mine),
-                             "peak_rss_after_load_mb": max(r["peak_rss_after_load_mb"] for r in mine)}
-            for arm, key in ((LEAN_ARM, "wall_ratio_lean_vs_stock"),
-                             (SLACK16_ARM, "wall_ratio_lean_slack16_vs_stock")):
+                cell[arm] = {
+                    "wall_seconds_median": statistics.median(r["wall_seconds"] for r in mine),
+                    "peak_rss_after_load_mb": max(r["peak_rss_after_load_mb"] for r in mine),
+                }
+            for arm, key in (
+                (LEAN_ARM, "wall_ratio_lean_vs_stock"),
+                (SLACK16_ARM, "wall_ratio_lean_slack16_vs_stock"),
+            ):
                 cell[key] = statistics.median(
-                    a["wall_seconds"] / b["wall_seconds"] for a in group if a["arm"] == arm
-                    for b in group if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"])
+                    a["wall_seconds"] / b["wall_seconds"]
+                    for a in group
+                    if a["arm"] == arm
+                    for b in group
+                    if b["arm"] == STOCK_ARM and b["repeat"] == a["repeat"]
+                )
             scores = {json.dumps(without_speed(r["scores"]), sort_keys=True) for r in group}
             cell["scores_identical"] = len(scores) == 1
             row[f"{factor}x"] = cell
@@ -170,19 +201,29 @@ def main():
         if big:
             peak = max(r["peak_rss_after_load_mb"] for r in big)
             four = row["4x"][LEAN_ARM]["peak_rss_after_load_mb"]
-            row["16x"] = {LEAN_ARM: {"peak_rss_after_load_mb": peak,
-                                     "wall_seconds_median": statistics.median(r["wall_seconds"] for r in big)},
-                          "scores_equal_to_1x": {json.dumps(without_speed(r["scores"]), sort_keys=True)
-                                                 for r in big}
-                          == {json.dumps(without_speed(r["scores"]), sort_keys=True)
-                              for r in runs if r["shape"] == shape and r["factor"] == 1}}
+            row["16x"] = {
+                LEAN_ARM: {
+                    "peak_rss_after_load_mb": peak,
+                    "wall_seconds_median": statistics.median(r["wall_seconds"] for r in big),
+                },
+                "scores_equal_to_1x": {
+                    json.dumps(without_speed(r["scores"]), sort_keys=True) for r in big
+                }
+                == {
+                    json.dumps(without_speed(r["scores"]), sort_keys=True)
+                    for r in runs
+                    if r["shape"] == shape and r["factor"] == 1
+                },
+            }
             row[f"growth_4x_to_16x/{LEAN_ARM}"] = round(peak / four - 1, 4)
             row[f"growth_1x_to_16x/{LEAN_ARM}"] = round(
-                peak / row["1x"][LEAN_ARM]["peak_rss_after_load_mb"] - 1, 4)
+                peak / row["1x"][LEAN_ARM]["peak_rss_after_load_mb"] - 1, 4
+            )
         summary[shape] = row
     result = {
         "benchmark": "eval_shapes",
-        "command": "nice -n 10 python benchmarks/eval_shapes.py" + (" --quick" if args.quick else ""),
+        "command": "nice -n 10 python benchmarks/eval_shapes.py"
+        + (" --quick" if args.quick else ""),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "summary": summary,

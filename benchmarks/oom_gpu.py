@@ -34,6 +34,7 @@ reference.
 
 Prints JSON and writes benchmarks/results/oom_gpu.json (with the device's name).
 """
+
 import argparse
 import gc
 import json
@@ -276,7 +277,9 @@ def training(args, device, model, batches) -> dict:
         "cap_mb": cap_mb if device.cuda else None,
         "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
         "largest_transformer_call_wordpieces": {
-            "whole": max(calls.sizes), "quarter": max(quarter_calls.sizes)},
+            "whole": max(calls.sizes),
+            "quarter": max(quarter_calls.sizes),
+        },
         "stock_seconds": stock_seconds,
         "lean_uncapped_seconds": uncapped_seconds,
         "lean_capped_seconds": lean_seconds,
@@ -291,8 +294,10 @@ def training(args, device, model, batches) -> dict:
         "stock_update_under_cap": stock_error or "finished (the cap did not bind)",
         "max_relative_gradient_difference": relative,
         "max_abs_difference_of_near_zero_gradients": near_zero,
-        "losses": {"stock": {k: float(v) for k, v in ref_losses.items()},
-                   "lean": {k: float(v) for k, v in lean_losses.items()}},
+        "losses": {
+            "stock": {k: float(v) for k, v in ref_losses.items()},
+            "lean": {k: float(v) for k, v in lean_losses.items()},
+        },
     }
 
 
@@ -313,7 +318,10 @@ def evaluation(args, device, model, batches) -> dict:
         # One batch of `size` docs in the input order, no token budget: the cap alone
         # decides whether it fits.
         return StreamingEvaluator(
-            nlp, batch_size=size, window_size=0, max_batch_tokens=10**9,
+            nlp,
+            batch_size=size,
+            window_size=0,
+            max_batch_tokens=10**9,
             on_oom=lambda failed, new: events.append((failed, new)),
         )
 
@@ -340,8 +348,10 @@ def evaluation(args, device, model, batches) -> dict:
         _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
     scores = capped.state.result()
     differ = sorted(
-        key for key in reference
-        if key != "speed" and json.dumps(scores.get(key), sort_keys=True)
+        key
+        for key in reference
+        if key != "speed"
+        and json.dumps(scores.get(key), sort_keys=True)
         != json.dumps(reference[key], sort_keys=True)
     )
     return {
@@ -359,8 +369,10 @@ def evaluation(args, device, model, batches) -> dict:
         "final_batch_size": capped.batch_size,
         "scores_differing_from_uncapped": differ,
         "scores_differing_from_nlp_evaluate": sorted(
-            key for key in stock_scores
-            if key != "speed" and json.dumps(reference.get(key), sort_keys=True)
+            key
+            for key in stock_scores
+            if key != "speed"
+            and json.dumps(reference.get(key), sort_keys=True)
             != json.dumps(stock_scores[key], sort_keys=True)
         ),
         "ents_f": scores.get("ents_f"),
@@ -385,11 +397,21 @@ def run(args) -> dict:
         "command": "python benchmarks/oom_gpu.py" + (" --quick" if args.quick else ""),
         "device": device.name(),
         "cpu_check": args.cpu_check,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "cuda": torch.version.cuda},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
         "model": "BERT 4 layers x 256 (random init, local WordPiece vocab) + ner; spans of 128",
-        "batches": [{"docs": len(b), "tokens": sum(len(eg.predicted) for eg in b),
-                     "longest": max(len(eg.predicted) for eg in b)} for b in batches],
+        "batches": [
+            {
+                "docs": len(b),
+                "tokens": sum(len(eg.predicted) for eg in b),
+                "longest": max(len(eg.predicted) for eg in b),
+            }
+            for b in batches
+        ],
         "training": training(args, device, model, batches),
         "evaluation": evaluation(args, device, model, batches),
     }
@@ -400,15 +422,26 @@ def main():
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--batch-tokens", type=int, default=8000)
     parser.add_argument("--quick", action="store_true", help="batches of ~2,000 tokens")
-    parser.add_argument("--cpu-check", action="store_true",
-                        help="no GPU: a simulated out-of-memory error (checks the script; not saved)")
-    parser.add_argument("--cpu-check-limit", type=int, default=0,
-                        help="--cpu-check: wordpieces per transformer call above which it "
-                        "raises (default: midway between the largest calls on a quarter and on "
-                        "the whole)")
+    parser.add_argument(
+        "--cpu-check",
+        action="store_true",
+        help="no GPU: a simulated out-of-memory error (checks the script; not saved)",
+    )
+    parser.add_argument(
+        "--cpu-check-limit",
+        type=int,
+        default=0,
+        help="--cpu-check: wordpieces per transformer call above which it "
+        "raises (default: midway between the largest calls on a quarter and on "
+        "the whole)",
+    )
     parser.add_argument("--work", default=None, help="folder for the model (default: a temp dir)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"where to write the JSON (default {RESULTS}; --cpu-check: nowhere)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"where to write the JSON (default {RESULTS}; --cpu-check: nowhere)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.batch_tokens = 2000

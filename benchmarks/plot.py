@@ -21,6 +21,7 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 why a file was skipped. Usage: `python benchmarks/plot.py [RESULTS_DIR] [OUTPUT_DIR]` (default
 benchmarks/results for both).
 """
+
 import json
 import math
 import re
@@ -55,8 +56,14 @@ def _label(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]], ylabel: str,
-          title: str, fmt: Optional[str] = None) -> None:
+def _bars(
+    ax,
+    groups: Sequence[str],
+    series: Dict[str, Sequence[Optional[float]]],
+    ylabel: str,
+    title: str,
+    fmt: Optional[str] = None,
+) -> None:
     """Grouped bars: one group per entry of `groups`, one bar per series."""
     n = max(1, len(series))
     width = 0.8 / n
@@ -67,8 +74,13 @@ def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]
         for bar, value in zip(bars, values):
             if value is not None:
                 text = fmt.format(value) if fmt else _label(value)
-                ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    text,
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -78,8 +90,14 @@ def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]
         ax.legend(fontsize=7)
 
 
-def _lines(ax, xs_by_name: Dict[str, Sequence[float]], ys_by_name: Dict[str, Sequence[float]],
-           xlabel: str, ylabel: str, title: str) -> None:
+def _lines(
+    ax,
+    xs_by_name: Dict[str, Sequence[float]],
+    ys_by_name: Dict[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> None:
     for name, xs in xs_by_name.items():
         ax.plot(xs, ys_by_name[name], marker="o", label=name)
     ax.set_xlabel(xlabel)
@@ -98,12 +116,22 @@ def _plot_eval_memory_per_size(data: Dict[str, Any]) -> plt.Figure:
     sizes = [r["size"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     modes = {"stock nlp.evaluate": "stock", "spacy-lean streaming": "streaming"}
-    _lines(axes[0], {m: sizes for m in modes},
-           {m: [r[f"{k}_peak_rss_mb"] for r in rows] for m, k in modes.items()},
-           "dev-set size (docs)", "peak RSS (MB)", "Evaluation: peak memory vs dev-set size")
-    _lines(axes[1], {m: sizes for m in modes},
-           {m: [r[f"{k}_docs_per_s"] for r in rows] for m, k in modes.items()},
-           "dev-set size (docs)", "docs / s", "Evaluation throughput")
+    _lines(
+        axes[0],
+        {m: sizes for m in modes},
+        {m: [r[f"{k}_peak_rss_mb"] for r in rows] for m, k in modes.items()},
+        "dev-set size (docs)",
+        "peak RSS (MB)",
+        "Evaluation: peak memory vs dev-set size",
+    )
+    _lines(
+        axes[1],
+        {m: sizes for m in modes},
+        {m: [r[f"{k}_docs_per_s"] for r in rows] for m, k in modes.items()},
+        "dev-set size (docs)",
+        "docs / s",
+        "Evaluation throughput",
+    )
     return fig
 
 
@@ -119,8 +147,10 @@ def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
     xs: Dict[str, List[float]] = {}
     ys: Dict[str, List[float]] = {}
     for model, layout in series:
-        mine = sorted((r for r in rows if (r["model"], r["layout"]) == (model, layout)),
-                      key=lambda r: r["size"])
+        mine = sorted(
+            (r for r in rows if (r["model"], r["layout"]) == (model, layout)),
+            key=lambda r: r["size"],
+        )
         if len(mine) < 2:
             continue
         for arm in arms:
@@ -128,8 +158,14 @@ def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
                 name = f"{arm} ({layout}, {model} model)"
                 xs[name] = [r["size"] for r in mine]
                 ys[name] = [r[arm]["peak_rss_after_load_mb"] for r in mine]
-    _lines(axes[0], xs, ys, "dev-set size (docs)", "peak RSS after loading the model (MB)",
-           "Evaluation commands: peak memory vs dev-set size")
+    _lines(
+        axes[0],
+        xs,
+        ys,
+        "dev-set size (docs)",
+        "peak RSS after loading the model (MB)",
+        "Evaluation commands: peak memory vs dev-set size",
+    )
     groups, ratios = [], []
     for r in rows:
         for arm in arms:
@@ -137,13 +173,21 @@ def plot_eval_memory(data: Dict[str, Any]) -> plt.Figure:
             if ratio is not None:
                 groups.append(f"{arm}\n{r['model']} {r['layout']} {r['size']}")
                 ratios.append(ratio)
-    _bars(axes[1], groups, {"wall time / spacy evaluate": ratios}, "ratio (lower is faster)",
-          "Wall time of the command vs `spacy evaluate` (same run)", fmt="{:.2f}")
+    _bars(
+        axes[1],
+        groups,
+        {"wall time / spacy evaluate": ratios},
+        "ratio (lower is faster)",
+        "Wall time of the command vs `spacy evaluate` (same run)",
+        fmt="{:.2f}",
+    )
     axes[1].axhline(1.0, color="grey", lw=0.8)
     load = data.get("machine", {}).get("load_avg_at_start")
     if load:
-        fig.suptitle(f"{data['machine'].get('cpu_count')} CPUs, load average at start "
-                     f"{load[0]:.1f}", fontsize=9)
+        fig.suptitle(
+            f"{data['machine'].get('cpu_count')} CPUs, load average at start " f"{load[0]:.1f}",
+            fontsize=9,
+        )
     return fig
 
 
@@ -155,14 +199,23 @@ def plot_cleaner_memory(data: Dict[str, Any]) -> plt.Figure:
     fig, axes = plt.subplots(
         1, 2 if has_gpu else 1, figsize=(11 if has_gpu else 6, 4), squeeze=False
     )
-    _lines(axes[0][0], {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
-           {m: [p["peak_rss_growth_kb"] / 1024 for p in rows] for m, rows in points.items()},
-           "docs kept (list(nlp.pipe(texts)))", "peak RSS growth (MB)",
-           "Kept docs: memory with and without lean_cleaner")
+    _lines(
+        axes[0][0],
+        {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
+        {m: [p["peak_rss_growth_kb"] / 1024 for p in rows] for m, rows in points.items()},
+        "docs kept (list(nlp.pipe(texts)))",
+        "peak RSS growth (MB)",
+        "Kept docs: memory with and without lean_cleaner",
+    )
     if has_gpu:
-        _lines(axes[0][1], {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
-               {m: [p["gpu_kept_kb"] / 1024 for p in rows] for m, rows in points.items()},
-               "docs kept", "GPU memory kept (MB)", "Kept docs: GPU memory")
+        _lines(
+            axes[0][1],
+            {m: [p["n_docs"] for p in rows] for m, rows in points.items()},
+            {m: [p["gpu_kept_kb"] / 1024 for p in rows] for m, rows in points.items()},
+            "docs kept",
+            "GPU memory kept (MB)",
+            "Kept docs: GPU memory",
+        )
     return fig
 
 
@@ -177,19 +230,28 @@ def plot_padding(data: Dict[str, Any]) -> plt.Figure:
                 batchers.append(key)
     if not batchers:
         raise SchemaError("no batcher entries with padding_fraction")
-    groups = [f"{name}\n(mean {c.get('mean_length', '?')}, max {c.get('max_length', '?')})"
-              for name, c in corpora.items()]
+    groups = [
+        f"{name}\n(mean {c.get('mean_length', '?')}, max {c.get('max_length', '?')})"
+        for name, c in corpora.items()
+    ]
     fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(groups)), 4.5))
-    _bars(ax, groups,
-          {b: [c[b]["padding_fraction"] if b in c else None for c in corpora.values()]
-           for b in batchers},
-          "padding fraction (padded - real) / padded",
-          f"Padding by batcher (budget {data.get('size', '?')} padded tokens)", fmt="{:.1%}")
+    _bars(
+        ax,
+        groups,
+        {
+            b: [c[b]["padding_fraction"] if b in c else None for c in corpora.values()]
+            for b in batchers
+        },
+        "padding fraction (padded - real) / padded",
+        f"Padding by batcher (budget {data.get('size', '?')} padded tokens)",
+        fmt="{:.1%}",
+    )
     return fig
 
 
-def _by_name(entries: Dict[str, Dict[str, Any]], keys: Sequence[Tuple[str, str]],
-             title: str) -> plt.Figure:
+def _by_name(
+    entries: Dict[str, Dict[str, Any]], keys: Sequence[Tuple[str, str]], title: str
+) -> plt.Figure:
     """One bar panel per (key, label), one bar per named entry."""
     present = [(k, label) for k, label in keys if any(_num(e.get(k)) for e in entries.values())]
     if not present:
@@ -197,8 +259,13 @@ def _by_name(entries: Dict[str, Dict[str, Any]], keys: Sequence[Tuple[str, str]]
     fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 4), squeeze=False)
     names = list(entries)
     for ax, (key, label) in zip(axes[0], present):
-        _bars(ax, names, {label: [entries[n].get(key) if _num(entries[n].get(key)) else None
-                                  for n in names]}, label, label)
+        _bars(
+            ax,
+            names,
+            {label: [entries[n].get(key) if _num(entries[n].get(key)) else None for n in names]},
+            label,
+            label,
+        )
     fig.suptitle(title)
     return fig
 
@@ -206,8 +273,11 @@ def _by_name(entries: Dict[str, Dict[str, Any]], keys: Sequence[Tuple[str, str]]
 def plot_reader_memory(data: Dict[str, Any]) -> plt.Figure:
     return _by_name(
         data["results"],
-        [("peak_mb", "peak RSS (MB)"), ("held_bytes_per_token", "held bytes / token"),
-         ("docs_per_second", "docs / s")],
+        [
+            ("peak_mb", "peak RSS (MB)"),
+            ("held_bytes_per_token", "held bytes / token"),
+            ("docs_per_second", "docs / s"),
+        ],
         f"Readers over {data.get('corpus_tokens', '?')} tokens",
     )
 
@@ -215,8 +285,11 @@ def plot_reader_memory(data: Dict[str, Any]) -> plt.Figure:
 def plot_charlm_loader_memory(data: Dict[str, Any]) -> plt.Figure:
     return _by_name(
         data["results"],
-        [("peak_rss_mb", "peak RSS (MB)"), ("rss_after_epoch_mb", "RSS after an epoch (MB)"),
-         ("data_seconds", "seconds reading an epoch")],
+        [
+            ("peak_rss_mb", "peak RSS (MB)"),
+            ("rss_after_epoch_mb", "RSS after an epoch (MB)"),
+            ("data_seconds", "seconds reading an epoch"),
+        ],
         f"Char-LM data loaders over {data.get('text_mb', '?')} MB of text",
     )
 
@@ -230,12 +303,25 @@ def plot_charlm_speed(data: Dict[str, Any]) -> plt.Figure:
     for r in results:
         sides += [s for s in r["sides"] if s not in sides]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    _bars(axes[0], groups, {s: [r["sides"].get(s, {}).get("tokens_per_s_median") for r in results]
-                            for s in sides}, "tokens / s (median)", "Char-LM embedding speed",
-          fmt="{:.0f}")
-    _bars(axes[1], groups,
-          {s: [r["sides"].get(s, {}).get("peak_rss_increase_mb_median") for r in results]
-           for s in sides}, "peak RSS increase (MB)", "Char-LM embedding memory", fmt="{:.0f}")
+    _bars(
+        axes[0],
+        groups,
+        {s: [r["sides"].get(s, {}).get("tokens_per_s_median") for r in results] for s in sides},
+        "tokens / s (median)",
+        "Char-LM embedding speed",
+        fmt="{:.0f}",
+    )
+    _bars(
+        axes[1],
+        groups,
+        {
+            s: [r["sides"].get(s, {}).get("peak_rss_increase_mb_median") for r in results]
+            for s in sides
+        },
+        "peak RSS increase (MB)",
+        "Char-LM embedding memory",
+        fmt="{:.0f}",
+    )
     return fig
 
 
@@ -247,30 +333,50 @@ def plot_charlm_long_doc(data: Dict[str, Any]) -> plt.Figure:
     if not results:
         raise SchemaError("results is empty")
     groups = [f"hidden {r['hidden_size']}\n{r['chars']:,} chars" for r in results]
-    chunked = [next((a for a in r["arms"] if a != "unchunked" and
-                     r["arms"][a]["max_chunk_chars"] == 2048), None) for r in results]
+    chunked = [
+        next(
+            (a for a in r["arms"] if a != "unchunked" and r["arms"][a]["max_chunk_chars"] == 2048),
+            None,
+        )
+        for r in results
+    ]
     sweep = max(results, key=lambda r: len(r["arms"]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     series = {
         "whole doc (max_chunk_chars = null)": [
-            r["arms"]["unchunked"].get("peak_rss_increase_mb_median") for r in results],
+            r["arms"]["unchunked"].get("peak_rss_increase_mb_median") for r in results
+        ],
         "chunks of 2048 (default)": [
             r["arms"][c].get("peak_rss_increase_mb_median") if c else None
-            for r, c in zip(results, chunked)],
+            for r, c in zip(results, chunked)
+        ],
         "the vectors themselves": [r.get("vector_mb") for r in results],
     }
     _bars(axes[0], groups, series, "MB", "Peak RSS increase embedding one doc", fmt="{:.0f}")
     width = 0.8 / len(series)
     for g, r in enumerate(results):
         if "error" in r["arms"]["unchunked"]:
-            axes[0].annotate("failed", (g - width, 0), ha="center", va="bottom", fontsize=7,
-                             color="red", rotation=90)
+            axes[0].annotate(
+                "failed",
+                (g - width, 0),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="red",
+                rotation=90,
+            )
     arms = [a for a in sweep["arms"] if "seconds_median" in sweep["arms"][a]]
-    labels = ["whole doc" if a == "unchunked" else a.replace("chunked-", "chunks of ")
-              for a in arms]
-    _bars(axes[1], labels, {"seconds (median)": [sweep["arms"][a]["seconds_median"] for a in arms]},
-          "seconds", f"Time, hidden {sweep['hidden_size']}, {sweep['chars']:,} chars, 1 thread",
-          fmt="{:.2f}")
+    labels = [
+        "whole doc" if a == "unchunked" else a.replace("chunked-", "chunks of ") for a in arms
+    ]
+    _bars(
+        axes[1],
+        labels,
+        {"seconds (median)": [sweep["arms"][a]["seconds_median"] for a in arms]},
+        "seconds",
+        f"Time, hidden {sweep['hidden_size']}, {sweep['chars']:,} chars, 1 thread",
+        fmt="{:.2f}",
+    )
     return fig
 
 
@@ -279,8 +385,10 @@ def _named_groups(node: Any) -> Optional[Dict[str, Dict[str, float]]]:
     if isinstance(node, dict):
         values = list(node.values())
         if len(values) >= 2 and all(isinstance(v, dict) for v in values):
-            flat = {name: {k: v for k, v in value.items() if _num(v) and MEASURED.search(k)}
-                    for name, value in node.items()}
+            flat = {
+                name: {k: v for k, v in value.items() if _num(v) and MEASURED.search(k)}
+                for name, value in node.items()
+            }
             if sum(1 for f in flat.values() if f) >= 2:
                 return {name: f for name, f in flat.items() if f}
         for value in values:
@@ -321,8 +429,12 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
     grid = fig.add_gridspec(2, 2, height_ratios=(1, 1.5))
     axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     for ax, key, xlabel, title in (
-        (axes[0], "peak_rss_mb_by_train_size", "training corpus (x its 1x size)",
-         "Peak RSS vs training-corpus size"),
+        (
+            axes[0],
+            "peak_rss_mb_by_train_size",
+            "training corpus (x its 1x size)",
+            "Peak RSS vs training-corpus size",
+        ),
         (axes[1], "peak_rss_mb_by_dev_size", "dev set (x its 1x size)", "Peak RSS vs dev-set size"),
     ):
         xs: Dict[str, List[float]] = {}
@@ -352,8 +464,14 @@ def plot_train_memory(data: Dict[str, Any]) -> plt.Figure:
         drawn = [(y, v) for y, v in zip(ys, values) if v is not None]
         ax.barh([y for y, _ in drawn], [v for _, v in drawn], height=height, label=label)
         for y, v in drawn:
-            ax.annotate(f"{v:,.0f}", (v, y), va="center", fontsize=7, xytext=(3, 0),
-                        textcoords="offset points")
+            ax.annotate(
+                f"{v:,.0f}",
+                (v, y),
+                va="center",
+                fontsize=7,
+                xytext=(3, 0),
+                textcoords="offset points",
+            )
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names, fontsize=8)
     ax.invert_yaxis()
@@ -383,8 +501,14 @@ def plot_spacy_evaluate_memory(data: Dict[str, Any]) -> plt.Figure:
                 ys[name] = [y for _, y in points]
     if not xs:
         raise SchemaError("summary.layouts is empty")
-    _lines(ax, xs, ys, "dev-set size (docs)", "peak RSS (MB)",
-           "`spacy evaluate` with and without spacy-lean's wrapper")
+    _lines(
+        ax,
+        xs,
+        ys,
+        "dev-set size (docs)",
+        "peak RSS (MB)",
+        "`spacy evaluate` with and without spacy-lean's wrapper",
+    )
     return fig
 
 
@@ -399,11 +523,23 @@ def plot_train_accuracy(data: Dict[str, Any]) -> plt.Figure:
     highs = [summary[n]["max"] - summary[n]["mean"] for n in names]
     axes[0].bar(range(len(names)), means, yerr=[lows, highs], capsize=3)
     for i, mean in enumerate(means):
-        axes[0].annotate(f"{mean:.2f}", (i, mean), ha="center", va="bottom", fontsize=7,
-                         xytext=(0, 8), textcoords="offset points")
+        axes[0].annotate(
+            f"{mean:.2f}",
+            (i, mean),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 8),
+            textcoords="offset points",
+        )
     if "stock" in summary:
-        axes[0].axhspan(summary["stock"]["min"], summary["stock"]["max"], color="grey", alpha=0.2,
-                        label="stock's seed spread")
+        axes[0].axhspan(
+            summary["stock"]["min"],
+            summary["stock"]["max"],
+            color="grey",
+            alpha=0.2,
+            label="stock's seed spread",
+        )
         axes[0].legend(fontsize=7)
     axes[0].set_xticks(range(len(names)))
     axes[0].set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -435,12 +571,30 @@ def plot_eval_heap_trim(data: Dict[str, Any]) -> plt.Figure:
         }
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    _bars(axes[0], names, series("peak_rss_after_load_mb_max"), "MB",
-          "Peak RSS after the model loaded", fmt="{:.0f}")
-    _bars(axes[1], names, series("minor_faults_median", 1e6), "million", "Minor page faults",
-          fmt="{:.2f}")
-    _bars(axes[2], names, series("cpu_seconds_median"), "s", "CPU seconds (user + system)",
-          fmt="{:.0f}")
+    _bars(
+        axes[0],
+        names,
+        series("peak_rss_after_load_mb_max"),
+        "MB",
+        "Peak RSS after the model loaded",
+        fmt="{:.0f}",
+    )
+    _bars(
+        axes[1],
+        names,
+        series("minor_faults_median", 1e6),
+        "million",
+        "Minor page faults",
+        fmt="{:.2f}",
+    )
+    _bars(
+        axes[2],
+        names,
+        series("cpu_seconds_median"),
+        "s",
+        "CPU seconds (user + system)",
+        fmt="{:.0f}",
+    )
     return fig
 
 
@@ -454,14 +608,17 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
     peaks = {
         f"{arm}, {f}": [summary[s][f][arm]["peak_rss_after_load_mb"] for s in shapes]
-        for arm in arms for f in ("1x", "4x")
+        for arm in arms
+        for f in ("1x", "4x")
     }
     title = "Peak RSS after the model loaded, 1x and 4x the dev set"
     big = [s for s in shapes if "16x" in summary[s]]
     if len(big) == len(shapes):
         for arm in summary[shapes[0]]["16x"]:
             if isinstance(summary[shapes[0]]["16x"][arm], dict):
-                peaks[f"{arm}, 16x"] = [summary[s]["16x"][arm]["peak_rss_after_load_mb"] for s in shapes]
+                peaks[f"{arm}, 16x"] = [
+                    summary[s]["16x"][arm]["peak_rss_after_load_mb"] for s in shapes
+                ]
         title = "Peak RSS after the model loaded, 1x, 4x (and lean: 16x) the dev set"
     _bars(axes[0], shapes, peaks, "MB", title, fmt="{:.0f}")
     top = max(v for values in peaks.values() for v in values if v is not None)
@@ -471,9 +628,16 @@ def plot_eval_shapes(data: Dict[str, Any]) -> plt.Figure:
     if all("wall_ratio_lean_slack16_vs_stock" in summary[s]["1x"] for s in shapes):
         for f in ("1x", "4x"):
             ratios[f"{f}, --trim-slack-mb 16"] = [
-                summary[s][f]["wall_ratio_lean_slack16_vs_stock"] for s in shapes]
-    _bars(axes[1], shapes, ratios, "lean / stock", "Wall time, spacy lean evaluate / spacy evaluate",
-          fmt="{:.2f}")
+                summary[s][f]["wall_ratio_lean_slack16_vs_stock"] for s in shapes
+            ]
+    _bars(
+        axes[1],
+        shapes,
+        ratios,
+        "lean / stock",
+        "Wall time, spacy lean evaluate / spacy evaluate",
+        fmt="{:.2f}",
+    )
     axes[1].axhline(1.0, color="grey", linewidth=0.8)
     return fig
 
@@ -488,27 +652,51 @@ def plot_train_shapes(data: Dict[str, Any]) -> plt.Figure:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     peaks = {}
     for system in ("stock", "lean"):
-        for key, label in (("peak_rss_mb_by_train_size", "train"), ("peak_rss_mb_by_dev_size", "dev")):
-            sizes = sorted(summary[shapes[0]][system][key], key=lambda k: int(k[len(label):]))
+        for key, label in (
+            ("peak_rss_mb_by_train_size", "train"),
+            ("peak_rss_mb_by_dev_size", "dev"),
+        ):
+            sizes = sorted(summary[shapes[0]][system][key], key=lambda k: int(k[len(label) :]))
             for size in sizes:
                 if label == "dev" and size == "dev1":
                     continue  # the train1 bar is that run
-                name = f"{system}, {size[len(label):]}x {label}" if label == "train" else \
-                    f"{system}, {size[len(label):]}x dev"
+                name = (
+                    f"{system}, {size[len(label):]}x {label}"
+                    if label == "train"
+                    else f"{system}, {size[len(label):]}x dev"
+                )
                 peaks[name] = [summary[s][system][key].get(size) for s in shapes]
-    _bars(axes[0], shapes, peaks, "MB", "Peak RSS of the training command (1x corpus and dev unless named)",
-          fmt="{:.0f}")
+    _bars(
+        axes[0],
+        shapes,
+        peaks,
+        "MB",
+        "Peak RSS of the training command (1x corpus and dev unless named)",
+        fmt="{:.0f}",
+    )
     top = max(v for values in peaks.values() for v in values if v is not None)
     axes[0].set_ylim(0, top * 1.35)
     axes[0].legend(fontsize=7, ncol=4, loc="upper center")
-    ratios = {"words/s": [summary[s].get("lean_vs_stock_words_per_s_median") for s in shapes],
-              "words per wall s": [summary[s].get("lean_vs_stock_words_per_wall_s") for s in shapes]}
-    _bars(axes[1], shapes, ratios, "lean / stock", "Training speed, spacy lean train / spacy train",
-          fmt="{:.2f}")
+    ratios = {
+        "words/s": [summary[s].get("lean_vs_stock_words_per_s_median") for s in shapes],
+        "words per wall s": [summary[s].get("lean_vs_stock_words_per_wall_s") for s in shapes],
+    }
+    _bars(
+        axes[1],
+        shapes,
+        ratios,
+        "lean / stock",
+        "Training speed, spacy lean train / spacy train",
+        fmt="{:.2f}",
+    )
     axes[1].axhline(1.0, color="grey", linewidth=0.8)
-    scores = {system: [statistics.mean(summary[s][system]["ents_f"]) for s in shapes]
-              for system in ("stock", "lean")}
-    _bars(axes[2], shapes, scores, "ents_f", "Final dev F (1x corpus, mean of the runs)", fmt="{:.3f}")
+    scores = {
+        system: [statistics.mean(summary[s][system]["ents_f"]) for s in shapes]
+        for system in ("stock", "lean")
+    }
+    _bars(
+        axes[2], shapes, scores, "ents_f", "Final dev F (1x corpus, mean of the runs)", fmt="{:.3f}"
+    )
     return fig
 
 

@@ -251,8 +251,10 @@ def _file_summary(results: dict, sizes: list) -> dict:
     for mode in FILE_MODES:
         a, b = results[f"{mode}@{small}"], results[f"{mode}@{large}"]
         out[f"peak_growth_{mode}"] = round(b["peak_mb"] / a["peak_mb"], 3)
-    for ours, theirs in (("file_lean_reader", "file_docbin"),
-                         ("file_lean_corpus", "file_spacy_corpus")):
+    for ours, theirs in (
+        ("file_lean_reader", "file_docbin"),
+        ("file_lean_corpus", "file_spacy_corpus"),
+    ):
         r, s = results[f"{ours}@{large}"], results[f"{theirs}@{large}"]
         out[f"ratio_peak_{ours}_vs_{theirs}"] = round(r["peak_mb"] / s["peak_mb"], 4)
         out[f"ratio_speed_{ours}_vs_{theirs}"] = round(
@@ -277,9 +279,7 @@ def main() -> None:
     parser.add_argument(
         "--file-tokens", type=int, default=None, help="single-file size (default 4M)"
     )
-    parser.add_argument(
-        "--parts", default="shards,file", help="what to run: shards, file, or both"
-    )
+    parser.add_argument("--parts", default="shards,file", help="what to run: shards, file, or both")
     parser.add_argument("--file-worker", choices=FILE_MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -6,6 +6,7 @@ saved state. Prints JSON and writes benchmarks/results/scoring_cost.json.
 
     python benchmarks/scoring_cost.py [--quick] [--n-docs N] [--repeats R]
 """
+
 import argparse
 import json
 import statistics

@@ -21,6 +21,7 @@ tiled, written as one .spacy file and as a folder of shards of 100 docs.
 Prints JSON and writes benchmarks/results/spacy_evaluate_memory.json. `measure` is the
 arm as a function, for other benchmarks to call.
 """
+
 import argparse
 import json
 import os
@@ -56,8 +57,11 @@ def build_assets(work: Path, sizes: Sequence[int], layers: int, width: int, seed
     models = {"plain": work / name, "streaming": work / f"{name}_cb"}
     if not (models["streaming"] / "config.cfg").exists():
         bert = synthetic.make_tiny_transformer(
-            work / f"bert_{layers}x{width}", hidden_size=width, num_hidden_layers=layers,
-            num_attention_heads=max(1, width // 32), intermediate_size=4 * width,
+            work / f"bert_{layers}x{width}",
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=max(1, width // 32),
+            intermediate_size=4 * width,
         )
         nlp = spacy.blank("en")
         train_docs = synthetic_news.make_news_docs(nlp, 64, seed=seed + 1)
@@ -81,8 +85,14 @@ def run_once(mode: str, model: Path, data: Path, out: Path, threads: int) -> dic
         cmd = [sys.executable, "-m", "spacy", *args]
     else:
         cmd = [sys.executable, "-c", STOCK_CLI, *args]
-    env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS=str(threads),
+    )
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     stderr = proc.stderr.read()
@@ -91,12 +101,24 @@ def run_once(mode: str, model: Path, data: Path, out: Path, threads: int) -> dic
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} run failed ({' '.join(cmd)}):\n{stderr.decode()[-3000:]}")
-    return {"peak_rss_mb": usage.ru_maxrss / 1024, "seconds": seconds,
-            "scores": json.loads(out.read_text()), "load_avg": os.getloadavg()[0]}
+    return {
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "seconds": seconds,
+        "scores": json.loads(out.read_text()),
+        "load_avg": os.getloadavg()[0],
+    }
 
 
-def measure(models: Dict[str, Path], data: Dict[int, Dict[str, Path]], *, modes=MODES,
-            layouts=("file", "shards"), repeats: int = 1, threads: int = 1, log=None) -> List[dict]:
+def measure(
+    models: Dict[str, Path],
+    data: Dict[int, Dict[str, Path]],
+    *,
+    modes=MODES,
+    layouts=("file", "shards"),
+    repeats: int = 1,
+    threads: int = 1,
+    log=None,
+) -> List[dict]:
     """The arm: every (layout, size, mode), `repeats` times, the order of the modes
     rotating so that none always runs first.
 
@@ -110,7 +132,7 @@ def measure(models: Dict[str, Path], data: Dict[int, Dict[str, Path]], *, modes=
         for rep in range(repeats):
             for layout in layouts:
                 for size in sorted(data):
-                    order = modes[turn % len(modes):] + modes[:turn % len(modes)]
+                    order = modes[turn % len(modes) :] + modes[: turn % len(modes)]
                     turn += 1
                     for mode in order:
                         model = models["plain" if mode == "stock" else "streaming"]
@@ -119,16 +141,21 @@ def measure(models: Dict[str, Path], data: Dict[int, Dict[str, Path]], *, modes=
                         result.update(mode=mode, layout=layout, size=size, repeat=rep)
                         runs.append(result)
                         if log is not None:
-                            log(f"{mode:9s} {layout:6s} {size:5d} docs: peak RSS "
+                            log(
+                                f"{mode:9s} {layout:6s} {size:5d} docs: peak RSS "
                                 f"{result['peak_rss_mb']:.0f} MB, {result['seconds']:.1f} s "
-                                f"(load {result['load_avg']:.1f})")
+                                f"(load {result['load_avg']:.1f})"
+                            )
     return runs
 
 
 def summarize(runs: List[dict], sizes: Sequence[int], n_tokens: Dict[int, int]) -> dict:
     def peak(mode, layout, size):
-        return max(r["peak_rss_mb"] for r in runs
-                   if (r["mode"], r["layout"], r["size"]) == (mode, layout, size))
+        return max(
+            r["peak_rss_mb"]
+            for r in runs
+            if (r["mode"], r["layout"], r["size"]) == (mode, layout, size)
+        )
 
     layouts = {}
     small, mid, large = sorted(sizes)
@@ -141,7 +168,8 @@ def summarize(runs: List[dict], sizes: Sequence[int], n_tokens: Dict[int, int]) 
                 "peak_rss_mb": peaks,
                 "growth_4x_to_16x": peaks[large] / peaks[mid] - 1,
                 "growth_1x_to_16x": peaks[large] / peaks[small] - 1,
-                "bytes_per_added_token_4x_to_16x": (peaks[large] - peaks[mid]) * 2**20
+                "bytes_per_added_token_4x_to_16x": (peaks[large] - peaks[mid])
+                * 2**20
                 / (n_tokens[large] - n_tokens[mid]),
             }
         layouts[layout] = rows
@@ -171,19 +199,27 @@ def main():
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (25, 100, 400 docs)")
     parser.add_argument("--sizes", type=int, nargs=3, default=None, help="three dev-set sizes")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                        help="arms run on the single file")
-    parser.add_argument("--shard-modes", nargs="+", choices=MODES, default=["lean"],
-                        help="arms run on the folder of shards (spaCy's own command reads "
-                        "shards as it reads one file: listed whole)")
-    parser.add_argument("--layouts", nargs="+", choices=("file", "shards"),
-                        default=["file", "shards"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, default=list(MODES), help="arms run on the single file"
+    )
+    parser.add_argument(
+        "--shard-modes",
+        nargs="+",
+        choices=MODES,
+        default=["lean"],
+        help="arms run on the folder of shards (spaCy's own command reads "
+        "shards as it reads one file: listed whole)",
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", choices=("file", "shards"), default=["file", "shards"]
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where the models and data go (kept)")
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, help="where the models and data go (kept)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--build-assets", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,27 +235,51 @@ def main():
     # forked from (Linux records the forked copy's peak at exec), so this process
     # must stay small.
     built = subprocess.run(
-        [sys.executable, __file__, "--build-assets", str(work), "--sizes", *map(str, sizes),
-         "--layers", str(args.layers), "--width", str(args.width)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--build-assets",
+            str(work),
+            "--sizes",
+            *map(str, sizes),
+            "--layers",
+            str(args.layers),
+            "--width",
+            str(args.width),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     assets = json.loads(built.stdout.strip().splitlines()[-1])
     models = {k: Path(v) for k, v in assets["models"].items()}
-    data = {int(size): {k: Path(v) for k, v in paths.items()}
-            for size, paths in assets["data"].items()}
+    data = {
+        int(size): {k: Path(v) for k, v in paths.items()} for size, paths in assets["data"].items()
+    }
     n_tokens = {int(size): n for size, n in assets["tokens"].items()}
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     runs = []
     for layout in args.layouts:
         modes = tuple(args.modes if layout == "file" else args.shard_modes)
-        runs += measure(models, data, modes=modes, layouts=(layout,), repeats=args.repeats,
-                        threads=args.threads, log=log)
+        runs += measure(
+            models,
+            data,
+            modes=modes,
+            layouts=(layout,),
+            repeats=args.repeats,
+            threads=args.threads,
+            log=log,
+        )
     report = {
         "benchmark": "spacy_evaluate_memory",
         "command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "load_avg_at_start": load_at_start,
-                    "load_avg_at_end": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "load_avg_at_start": load_at_start,
+            "load_avg_at_end": os.getloadavg(),
+        },
         "peak_rss": "whole `spacy evaluate` process (os.wait4 ru_maxrss), model loading included",
         "model": f"BERT {args.layers} layers x {args.width} hidden (random init, local WordPiece) "
         "+ ner (8 steps)",

@@ -68,8 +68,13 @@ VARIANTS: Dict[str, str] = {
 }
 # Lean variants measured with the ner's oracle cut at spaCy's 100, as the lean config
 # had it when they were added: what each changes is compared with lean_cut_100.
-CUT_100 = ("lean_per_batch_cap", "lean_size_0.75", "lean_update", "lean_update_spacy_grad",
-           "lean_max_length_128")
+CUT_100 = (
+    "lean_per_batch_cap",
+    "lean_size_0.75",
+    "lean_update",
+    "lean_update_spacy_grad",
+    "lean_max_length_128",
+)
 # Batcher size of a variant, as a share of --batch-size.
 SIZE_SHARE = {"lean_size_0.75": 0.75}
 
@@ -97,7 +102,9 @@ def variant_config(name: str):
     elif name.startswith("batcher"):
         cfg["training"]["batcher"] = copy.deepcopy(lean["training"]["batcher"])
     elif name == "streaming_eval":
-        cfg["nlp"]["after_pipeline_creation"] = copy.deepcopy(lean["nlp"]["after_pipeline_creation"])
+        cfg["nlp"]["after_pipeline_creation"] = copy.deepcopy(
+            lean["nlp"]["after_pipeline_creation"]
+        )
         cfg["training"]["before_to_disk"] = copy.deepcopy(lean["training"]["before_to_disk"])
     elif name == "lean_cleaner":
         cfg["nlp"]["pipeline"] = list(cfg["nlp"]["pipeline"]) + ["lean_cleaner"]
@@ -154,8 +161,13 @@ def make_data(args) -> Dict[str, Path]:
         DocBin(docs=part, store_user_data=True).to_disk(paths["train"] / f"{i:06d}.spacy")
     DocBin(docs=dev, store_user_data=True).to_disk(paths["dev"])
     make_tiny_transformer(
-        paths["transformer"], (d.text for d in train), vocab_size=1000, hidden_size=64,
-        num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        paths["transformer"],
+        (d.text for d in train),
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
     )
     seen = {e.text for d in train for e in d.ents}
     dev_ents = [e.text for d in dev for e in d.ents]
@@ -229,13 +241,20 @@ def train_once(name: str, seed: int, args, paths: Dict[str, Path], work: Path) -
     cmd = [sys.executable, "-m", "spacy", "train", str(cfg_path), "--output", str(out)]
     for key, value in overrides(args, paths, seed, name).items():
         cmd += [f"--{key}", str(value)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     log = (work / f"{name}-seed{seed}.log").open("w")
     start = time.time()
     load = os.getloadavg()[0]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            preexec_fn=lambda: os.nice(args.nice))
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=lambda: os.nice(args.nice)
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     log.close()
     result: Dict[str, Any] = {
@@ -277,7 +296,9 @@ def eval_check(model: Path, dev: Path) -> Dict[str, Any]:
     nlp.add_pipe("lean_cleaner", last=True)
     out["stock_evaluate_with_lean_cleaner"] = {k: nlp.evaluate(Corpus(dev)(nlp))[k] for k in keys}
     out["identical"] = (
-        out["stock_evaluate"] == out["streaming_evaluate"] == out["stock_evaluate_with_lean_cleaner"]
+        out["stock_evaluate"]
+        == out["streaming_evaluate"]
+        == out["stock_evaluate_with_lean_cleaner"]
     )
     return out
 
@@ -286,7 +307,9 @@ def summarise(runs: List[Dict[str, Any]], names: List[str]) -> Dict[str, Any]:
     table: Dict[str, Any] = {}
     stock = [r["ents_f"] for r in runs if r["variant"] == "stock" and r.get("ents_f") is not None]
     for name in names:
-        fs = [r["ents_f"] * 100 for r in runs if r["variant"] == name and r.get("ents_f") is not None]
+        fs = [
+            r["ents_f"] * 100 for r in runs if r["variant"] == name and r.get("ents_f") is not None
+        ]
         if not fs:
             continue
         row = {
@@ -295,12 +318,17 @@ def summarise(runs: List[Dict[str, Any]], names: List[str]) -> Dict[str, Any]:
             "std": round(statistics.stdev(fs), 2) if len(fs) > 1 else None,
             "min": round(min(fs), 2),
             "max": round(max(fs), 2),
-            "per_seed": {r["seed"]: round(r["ents_f"] * 100, 2) for r in runs
-                         if r["variant"] == name and r.get("ents_f") is not None},
+            "per_seed": {
+                r["seed"]: round(r["ents_f"] * 100, 2)
+                for r in runs
+                if r["variant"] == name and r.get("ents_f") is not None
+            },
             "peak_rss_mb_median": statistics.median(
-                r["peak_rss_mb"] for r in runs if r["variant"] == name),
+                r["peak_rss_mb"] for r in runs if r["variant"] == name
+            ),
             "cpu_seconds_median": statistics.median(
-                r["cpu_seconds"] for r in runs if r["variant"] == name),
+                r["cpu_seconds"] for r in runs if r["variant"] == name
+            ),
         }
         if stock:
             lo = min(stock) * 100
@@ -325,16 +353,23 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--tiers", default=None, help="variants in run order, tiers split by /")
     parser.add_argument("--resume", action="store_true", help="keep runs already in --out")
-    parser.add_argument("--eval-check-only", action="store_true",
-                        help="only evaluate the stock seed-0 pipeline three ways (eval_check)")
+    parser.add_argument(
+        "--eval-check-only",
+        action="store_true",
+        help="only evaluate the stock seed-0 pipeline three ways (eval_check)",
+    )
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--data-dir", default="/tmp/spacy_lean_train_accuracy")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_accuracy.json"))
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "train_accuracy.json")
+    )
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.warmup, args.train_docs, args.dev_docs = 2, 40, 5, 60, 20
-    tiers = [[n.strip() for n in t.split(",") if n.strip()]
-             for t in (args.tiers or args.variants).split("/")]
+    tiers = [
+        [n.strip() for n in t.split(",") if n.strip()]
+        for t in (args.tiers or args.variants).split("/")
+    ]
     names = [n for tier in tiers for n in tier]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -356,8 +391,11 @@ def main() -> None:
         "summary": {},  # first, so benchmarks/plot.py draws it
         "variants": {n: VARIANTS[n] for n in names},
         "corpus": json.loads((paths["train"].parent / "stats.json").read_text()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "steps": {},
         "runs": [],
     }
@@ -378,10 +416,15 @@ def main() -> None:
         same = {k: v for k, v in old["settings"].items() if k not in free}
         if same == {k: v for k, v in settings.items() if k not in free}:
             # Runs of variants not asked for this time stay in the results (and the table).
-            result["runs"] = [r for r in old["runs"] if r["variant"] in VARIANTS and "error" not in r]
+            result["runs"] = [
+                r for r in old["runs"] if r["variant"] in VARIANTS and "error" not in r
+            ]
             result["steps"] = {k: v for k, v in old.get("steps", {}).items() if k in VARIANTS}
-            kept = [n for n in VARIANTS if n not in names
-                    and any(r["variant"] == n for r in result["runs"])]
+            kept = [
+                n
+                for n in VARIANTS
+                if n not in names and any(r["variant"] == n for r in result["runs"])
+            ]
             names[:0] = [n for n in ("stock",) if n in kept]
             names += [n for n in kept if n != "stock"]
             result["variants"] = {n: VARIANTS[n] for n in names}
@@ -395,16 +438,35 @@ def main() -> None:
             result["steps"][name] = step_stats(name, args, paths)
     save()
     done = {(r["variant"], r["seed"]) for r in result["runs"]}
-    jobs = [(name, seed) for tier in tiers for seed in range(args.seeds) for name in tier
-            if (name, seed) not in done]
+    jobs = [
+        (name, seed)
+        for tier in tiers
+        for seed in range(args.seeds)
+        for name in tier
+        if (name, seed) not in done
+    ]
 
     def run(job) -> None:
         r = train_once(job[0], job[1], args, paths, work)
         with lock:
             result["runs"].append(r)
             save()
-            print(json.dumps({k: r.get(k) for k in ("variant", "seed", "ents_f", "wall_seconds",
-                                                      "cpu_seconds", "peak_rss_mb")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: r.get(k)
+                        for k in (
+                            "variant",
+                            "seed",
+                            "ents_f",
+                            "wall_seconds",
+                            "cpu_seconds",
+                            "peak_rss_mb",
+                        )
+                    }
+                ),
+                flush=True,
+            )
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(run, jobs))

@@ -25,6 +25,7 @@ Modes:
 Prints JSON and writes benchmarks/results/train_checkpointing.json. CPU only here:
 on a GPU the same modes would be measured in peak GPU memory.
 """
+
 import argparse
 import json
 import os
@@ -55,7 +56,10 @@ def build_model(work: Path, seed: int = 0, overrides=None) -> Path:
     if (model / "config.cfg").exists():
         return model
     bert = synthetic.make_tiny_transformer(
-        work / "bert", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        work / "bert",
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
         intermediate_size=1024,
     )
     fix_random_seed(seed)
@@ -153,9 +157,18 @@ def child(mode: str, model: str, steps: int, batch_tokens: int, threads: int) ->
 
 def run_child(mode: str, model: Path, args) -> dict:
     cmd = [
-        sys.executable, __file__, "--child", mode, "--model", str(model),
-        "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens),
-        "--threads", str(args.threads),
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--model",
+        str(model),
+        "--steps",
+        str(args.steps),
+        "--batch-tokens",
+        str(args.batch_tokens),
+        "--threads",
+        str(args.threads),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     load_before = os.getloadavg()
@@ -218,8 +231,11 @@ def main():
             result = run_child(mode, model, args)
             result["repeat"] = repeat
             runs.append(result)
-            print(f"{mode:24s} step peak {result['step_peak_mb']:8.1f} MB  "
-                  f"{result['seconds_per_step']:6.2f} s/step", file=sys.stderr)
+            print(
+                f"{mode:24s} step peak {result['step_peak_mb']:8.1f} MB  "
+                f"{result['seconds_per_step']:6.2f} s/step",
+                file=sys.stderr,
+            )
     report = {
         "benchmark": "train_checkpointing",
         "command": " ".join(

@@ -25,6 +25,7 @@ records torch's peak allocated GPU memory so far (spaCy's configs put cupy on to
 allocator, so that counts thinc's arrays too): the run's "peak_gpu_mb" is rank 0's.
 Results then go to benchmarks/results/train_memory_gpu.json.
 """
+
 import argparse
 import json
 import os
@@ -122,10 +123,18 @@ SPEED_OVERRIDES = {
 # The 2x2 of config (stock / lean) and command (`spacy train` / `spacy lean train`):
 # the loop's cost apart from the data's; the lean config without sorted span groups in training;
 # then the lean config's piece length and cut.
-SPEED_ARMS = ("stock", "lean", "stock_cfg_lean_train", "lean_cfg_spacy_train", "lean_no_sort",
-              "lean_len256_cut100", "lean_len256_cut32", "lean_len128_cut100")
+SPEED_ARMS = (
+    "stock",
+    "lean",
+    "stock_cfg_lean_train",
+    "lean_cfg_spacy_train",
+    "lean_no_sort",
+    "lean_len256_cut100",
+    "lean_len256_cut32",
+    "lean_len128_cut100",
+)
 
-RUNNER = r'''
+RUNNER = r"""
 import json, resource, subprocess, sys, time
 start = time.perf_counter()
 proc = subprocess.run(sys.argv[2:], capture_output=True, text=True)
@@ -133,7 +142,7 @@ usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 json.dump({"rc": proc.returncode, "wall_s": time.perf_counter() - start,
            "peak_rss": usage.ru_maxrss * 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
            "tail": (proc.stdout + proc.stderr)[-3000:]}, open(sys.argv[1], "w"))
-'''
+"""
 
 
 def make_data(root: Path, n_train: int, n_dev: int, factors, dev_factors, seed: int = 0):
@@ -185,21 +194,40 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
     log = tmp / f"{name}.jsonl"
     code = tmp / f"bench_code_{kind}.py"
     code.write_text(LOGGER_CODE + TRIM_PATCHES.get(kind, ""), encoding="utf8")
-    cfg_src = ROOT / "configs" / ("ner_trf_stock.cfg" if kind.startswith("stock") else "ner_trf.cfg")
+    cfg_src = (
+        ROOT / "configs" / ("ner_trf_stock.cfg" if kind.startswith("stock") else "ner_trf.cfg")
+    )
     cfg = bench_config(cfg_src, tmp / f"{name}.cfg", log)
     spacy_train = kind in ("stock", "lean_cfg_spacy_train")
     command = [sys.executable, "-m", "spacy"] + (["train"] if spacy_train else ["lean", "train"])
     command += [
-        str(cfg), "--output", str(out), "--code", str(code),
-        "--paths.train", str(data[train_key]), "--paths.dev", str(data[dev_key]),
-        "--paths.transformer", str(data["transformer"]),
-        "--system.seed", str(seed),
-        "--training.max_steps", str(args.steps), "--training.eval_frequency", str(args.steps),
-        "--training.optimizer.learn_rate.initial_rate", "0.001",
-        "--training.optimizer.learn_rate.warmup_steps", str(max(1, args.steps // 10)),
-        "--training.batcher.size", str(args.batch_size),
-        "--components.transformer.model.get_spans.window", "64",
-        "--components.transformer.model.get_spans.stride", "48",
+        str(cfg),
+        "--output",
+        str(out),
+        "--code",
+        str(code),
+        "--paths.train",
+        str(data[train_key]),
+        "--paths.dev",
+        str(data[dev_key]),
+        "--paths.transformer",
+        str(data["transformer"]),
+        "--system.seed",
+        str(seed),
+        "--training.max_steps",
+        str(args.steps),
+        "--training.eval_frequency",
+        str(args.steps),
+        "--training.optimizer.learn_rate.initial_rate",
+        "0.001",
+        "--training.optimizer.learn_rate.warmup_steps",
+        str(max(1, args.steps // 10)),
+        "--training.batcher.size",
+        str(args.batch_size),
+        "--components.transformer.model.get_spans.window",
+        "64",
+        "--components.transformer.model.get_spans.stride",
+        "48",
     ]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
@@ -224,12 +252,15 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         "seed": seed,
         "nproc": nproc,
         "peak_rss_mb": round(result["peak_rss"] / 2**20, 1),
-        "peak_gpu_mb": max((x["peak_gpu_mb"] for x in logs if x.get("peak_gpu_mb") is not None),
-                           default=None),
+        "peak_gpu_mb": max(
+            (x["peak_gpu_mb"] for x in logs if x.get("peak_gpu_mb") is not None), default=None
+        ),
         "wall_s": round(result["wall_s"], 1),
         "cpu_s": round(result["cpu_s"], 1),
         "words": last["words"],
-        "words_per_s": round((last["words"] - first["words"]) / seconds, 1) if seconds > 0 else None,
+        "words_per_s": (
+            round((last["words"] - first["words"]) / seconds, 1) if seconds > 0 else None
+        ),
         "words_per_wall_s": round(last["words"] / result["wall_s"], 1),
         "ents_f": last["scores"].get("ents_f"),
         "steps": last["step"],
@@ -259,7 +290,9 @@ def _growth(by_train, into):
     if "train16" in by_train:
         for key in sorted(by_train, key=lambda k: int(k[5:])):
             if int(key[5:]) > 16:
-                into[f"rss_growth_16x_to_{key[5:]}x"] = round(by_train[key] / by_train["train16"] - 1, 4)
+                into[f"rss_growth_16x_to_{key[5:]}x"] = round(
+                    by_train[key] / by_train["train16"] - 1, 4
+                )
 
 
 def _per_wall_s(run):
@@ -272,7 +305,9 @@ def _per_wall_s(run):
 
 def summarize(runs):
     def pick(group=None, **kw):
-        return [r for r in runs if r.get("group") == group and all(r[k] == v for k, v in kw.items())]
+        return [
+            r for r in runs if r.get("group") == group and all(r[k] == v for k, v in kw.items())
+        ]
 
     summary = {}
     for kind in ("stock", "lean"):
@@ -287,13 +322,15 @@ def summarize(runs):
             "words_per_s_mean": statistics.mean(r["words_per_s"] for r in seeds),
             "words_per_wall_s_mean": statistics.mean(_per_wall_s(r) for r in seeds),
             "words_per_wall_s_by_train_size": {
-                r["train"]: round(_per_wall_s(r), 1) for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
+                r["train"]: round(_per_wall_s(r), 1)
+                for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
             },
             "peak_rss_mb_by_train_size": {
                 r["train"]: r["peak_rss_mb"] for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
             },
             "peak_rss_mb_by_dev_size": {
-                r["dev"]: r["peak_rss_mb"] for r in pick(system=kind, train="train1", seed=0, nproc=1)
+                r["dev"]: r["peak_rss_mb"]
+                for r in pick(system=kind, train="train1", seed=0, nproc=1)
             },
         }
         _growth(summary[kind]["peak_rss_mb_by_train_size"], summary[kind])
@@ -302,7 +339,8 @@ def summarize(runs):
                 r["train"]: r["peak_gpu_mb"] for r in pick(system=kind, dev="dev1", seed=0, nproc=1)
             }
             summary[kind]["peak_gpu_mb_by_dev_size"] = {
-                r["dev"]: r["peak_gpu_mb"] for r in pick(system=kind, train="train1", seed=0, nproc=1)
+                r["dev"]: r["peak_gpu_mb"]
+                for r in pick(system=kind, train="train1", seed=0, nproc=1)
             }
         by_dev = summary[kind]["peak_rss_mb_by_dev_size"]
         if "dev1" in by_dev and "dev8" in by_dev:
@@ -313,8 +351,10 @@ def summarize(runs):
             summary[kind] = {
                 "runs": len(rows),
                 "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
-                "words_per_s_spread": [min(r["words_per_s"] for r in rows),
-                                       max(r["words_per_s"] for r in rows)],
+                "words_per_s_spread": [
+                    min(r["words_per_s"] for r in rows),
+                    max(r["words_per_s"] for r in rows),
+                ],
                 "peak_rss_mb_mean": statistics.mean(r["peak_rss_mb"] for r in rows),
                 "peak_rss_mb_max": max(r["peak_rss_mb"] for r in rows),
                 "cpu_s_mean": statistics.mean(r["cpu_s"] for r in rows),
@@ -327,11 +367,15 @@ def summarize(runs):
                     bounded.setdefault(r["train"], []).append(r["peak_rss_mb"])
             if bounded:
                 summary[kind]["window100_peak_rss_mb_by_train_size"] = {
-                    size: round(statistics.mean(peaks), 1) for size, peaks in bounded.items()}
+                    size: round(statistics.mean(peaks), 1) for size, peaks in bounded.items()
+                }
                 summary[kind]["window100_peak_rss_mb_runs"] = bounded
                 if "train1" in bounded and "train16" in bounded:
                     summary[kind]["window100_rss_growth_1x_to_16x"] = round(
-                        statistics.mean(bounded["train16"]) / statistics.mean(bounded["train1"]) - 1, 4)
+                        statistics.mean(bounded["train16"]) / statistics.mean(bounded["train1"])
+                        - 1,
+                        4,
+                    )
     for kind in ("lean_cfg_spacy_train", "lean_window100"):
         rows = pick(system=kind)
         if rows:
@@ -363,8 +407,10 @@ def summarize(runs):
             speed[kind] = {
                 "runs": len(rows),
                 "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
-                "words_per_s_spread": [min(r["words_per_s"] for r in rows),
-                                       max(r["words_per_s"] for r in rows)],
+                "words_per_s_spread": [
+                    min(r["words_per_s"] for r in rows),
+                    max(r["words_per_s"] for r in rows),
+                ],
                 "words_per_wall_s_mean": statistics.mean(_per_wall_s(r) for r in rows),
                 "ents_f_mean": statistics.mean(fs),
                 "ents_f_spread": [min(fs), max(fs)],
@@ -372,9 +418,12 @@ def summarize(runs):
             }
     if "stock" in speed:
         for kind, row in speed.items():
-            row["words_per_s_vs_stock"] = round(row["words_per_s_mean"] / speed["stock"]["words_per_s_mean"], 3)
+            row["words_per_s_vs_stock"] = round(
+                row["words_per_s_mean"] / speed["stock"]["words_per_s_mean"], 3
+            )
             row["words_per_wall_s_vs_stock"] = round(
-                row["words_per_wall_s_mean"] / speed["stock"]["words_per_wall_s_mean"], 3)
+                row["words_per_wall_s_mean"] / speed["stock"]["words_per_wall_s_mean"], 3
+            )
         summary["speed_arms"] = speed
     two = pick(system="lean", nproc=2)
     one = pick(system="lean", train="train1", dev="dev1", seed=0, nproc=1)
@@ -399,26 +448,51 @@ def main():
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"results file (default {RESULTS.name}; with --gpu-id {GPU_RESULTS.name})")
-    parser.add_argument("--gpu-id", type=int, default=-1,
-                        help="train on this GPU and record peak GPU memory (-1: the CPU)")
-    parser.add_argument("--only-extra", action="store_true",
-                        help="run only the extra arms, keeping the other runs in --output")
-    parser.add_argument("--trim-arms", type=int, default=0, metavar="REPEATS",
-                        help="run only the TRIM_ARMS (the default, the old default, never, before every "
-                        "update) on the 1x corpus (seed 0), this many times each, interleaved, keeping "
-                        "the other runs in --output: what the "
-                        "training updates' heap trimming costs and saves")
-    parser.add_argument("--add-factor", type=int, default=0,
-                        help="run only stock, lean and lean_window100 (seed 0) on a training corpus this "
-                        "many times the 1x, keeping the other runs in --output: past the size that fills "
-                        "the reader's shuffle buffer and the batcher's window, the lean peak stays flat")
-    parser.add_argument("--speed-arms", type=int, default=0, metavar="SEEDS",
-                        help="run only the SPEED_ARMS (stock, the lean config, and the lean config with "
-                        "explicit piece lengths and oracle cuts) on the 1x corpus with this many seeds, "
-                        "interleaved, keeping the other runs in --output: words/s and dev F against the "
-                        "ner parser's sequential steps")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"results file (default {RESULTS.name}; with --gpu-id {GPU_RESULTS.name})",
+    )
+    parser.add_argument(
+        "--gpu-id",
+        type=int,
+        default=-1,
+        help="train on this GPU and record peak GPU memory (-1: the CPU)",
+    )
+    parser.add_argument(
+        "--only-extra",
+        action="store_true",
+        help="run only the extra arms, keeping the other runs in --output",
+    )
+    parser.add_argument(
+        "--trim-arms",
+        type=int,
+        default=0,
+        metavar="REPEATS",
+        help="run only the TRIM_ARMS (the default, the old default, never, before every "
+        "update) on the 1x corpus (seed 0), this many times each, interleaved, keeping "
+        "the other runs in --output: what the "
+        "training updates' heap trimming costs and saves",
+    )
+    parser.add_argument(
+        "--add-factor",
+        type=int,
+        default=0,
+        help="run only stock, lean and lean_window100 (seed 0) on a training corpus this "
+        "many times the 1x, keeping the other runs in --output: past the size that fills "
+        "the reader's shuffle buffer and the batcher's window, the lean peak stays flat",
+    )
+    parser.add_argument(
+        "--speed-arms",
+        type=int,
+        default=0,
+        metavar="SEEDS",
+        help="run only the SPEED_ARMS (stock, the lean config, and the lean config with "
+        "explicit piece lengths and oracle cuts) on the 1x corpus with this many seeds, "
+        "interleaved, keeping the other runs in --output: words/s and dev F against the "
+        "ner parser's sequential steps",
+    )
     args = parser.parse_args()
     if args.output is None:
         args.output = GPU_RESULTS if args.gpu_id >= 0 else RESULTS
@@ -442,33 +516,54 @@ def main():
     # The lean config under stock `spacy train` (the loop's cost apart from the data's),
     # and the lean config with a shuffle buffer and a batcher window both smaller than
     # the 1x corpus (what the peak is bounded by: those two, not the corpus).
-    extra = [("lean_cfg_spacy_train", "train1", "dev1", 0), ("lean_window100", "train1", "dev1", 0),
-             ("lean_window100", "train16", "dev1", 0)]
+    extra = [
+        ("lean_cfg_spacy_train", "train1", "dev1", 0),
+        ("lean_window100", "train1", "dev1", 0),
+        ("lean_window100", "train16", "dev1", 0),
+    ]
     with tempfile.TemporaryDirectory(prefix="train_memory_") as tmp_name:
         tmp = Path(tmp_name)
         data = make_data(tmp, args.n_train, args.n_dev, factors, dev_factors)
         data["transformer"] = synthetic.make_tiny_transformer(
-            tmp / "tiny_bert", _texts(data["train1"]), vocab_size=1000, hidden_size=64,
-            num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+            tmp / "tiny_bert",
+            _texts(data["train1"]),
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=256,
         )
         words = {k: words_in(v) for k, v in data.items() if k != "transformer"}
-        jobs = [(kind, t, d, s, n) for t, d, s, n in plan
-                for kind in (("stock", "lean") if n == 1 else ("lean",))]  # interleaved
+        jobs = [
+            (kind, t, d, s, n)
+            for t, d, s, n in plan
+            for kind in (("stock", "lean") if n == 1 else ("lean",))
+        ]  # interleaved
         jobs += [(kind, t, d, s, 1) for kind, t, d, s in extra]
         if args.only_extra:
             jobs = [(kind, t, d, s, 1) for kind, t, d, s in extra]
             runs, words = merge_into(args, words, lambda r: r["system"] in {e[0] for e in extra})
         if args.trim_arms:
             arms = list(TRIM_ARMS)
-            jobs = [(kind, "train1", "dev1", 0, 1, f"-r{rep}") for rep in range(args.trim_arms)
-                    for kind in (arms if rep % 2 == 0 else arms[::-1])]
-            jobs += [(kind, size, "dev1", 0, 1, "-w100", f"-r{rep}") for rep in range(args.trim_arms)
-                     for size in ("train1", "train16") for kind in arms]
+            jobs = [
+                (kind, "train1", "dev1", 0, 1, f"-r{rep}")
+                for rep in range(args.trim_arms)
+                for kind in (arms if rep % 2 == 0 else arms[::-1])
+            ]
+            jobs += [
+                (kind, size, "dev1", 0, 1, "-w100", f"-r{rep}")
+                for rep in range(args.trim_arms)
+                for size in ("train1", "train16")
+                for kind in arms
+            ]
             runs, words = merge_into(args, words, lambda r: r["system"] in TRIM_ARMS)
         if args.speed_arms:
             arms = list(SPEED_ARMS)
-            jobs = [(kind, "train1", "dev1", seed, 1, "-speed") for seed in range(args.speed_arms)
-                    for kind in (arms if seed % 2 == 0 else arms[::-1])]
+            jobs = [
+                (kind, "train1", "dev1", seed, 1, "-speed")
+                for seed in range(args.speed_arms)
+                for kind in (arms if seed % 2 == 0 else arms[::-1])
+            ]
             runs, words = merge_into(args, words, lambda r: r.get("group") == "speed")
         if args.add_factor:
             big = f"train{args.add_factor}"
@@ -506,9 +601,13 @@ def save(args, words, runs):
         "benchmark": "train_memory",
         # A run merged into an earlier one (--only-extra, --add-factor, --trim-arms)
         # appends itself to the earlier command.
-        "command": getattr(args, "merged_into", "nice -n 10 python benchmarks/train_memory.py"
-                           + (" --quick" if args.quick else "")
-                           + (f" --gpu-id {args.gpu_id}" if args.gpu_id >= 0 else ""))
+        "command": getattr(
+            args,
+            "merged_into",
+            "nice -n 10 python benchmarks/train_memory.py"
+            + (" --quick" if args.quick else "")
+            + (f" --gpu-id {args.gpu_id}" if args.gpu_id >= 0 else ""),
+        )
         + (" (then --only-extra)" if args.only_extra else "")
         + (f" (then --add-factor {args.add_factor})" if args.add_factor else "")
         + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else "")

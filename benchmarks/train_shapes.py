@@ -24,6 +24,7 @@ the corpus fills both, and should stay flat from there: 16x -> 64x).
 Prints a JSON line per run and writes benchmarks/results/train_shapes.json: per shape,
 each system's peak RSS by train and dev size, the growth, words/s, and dev F.
 """
+
 import argparse
 import json
 import os
@@ -66,8 +67,11 @@ def summarize(runs, info):
     for shape in sorted({r["shape"] for r in runs}):
         row = {"data": info.get(shape, {})}
         for system in SYSTEMS:
-            mine = [r for r in runs if r["shape"] == shape and r["system"] == system
-                    and not r.get("bounded")]
+            mine = [
+                r
+                for r in runs
+                if r["shape"] == shape and r["system"] == system and not r.get("bounded")
+            ]
             base = [r for r in mine if r["train"] == "train1" and r["dev"] == "dev1"]
             if not base:
                 continue
@@ -86,45 +90,62 @@ def summarize(runs, info):
                 if r["train"] == "train1":
                     old = cell["peak_rss_mb_by_dev_size"].get(r["dev"], 0)
                     cell["peak_rss_mb_by_dev_size"][r["dev"]] = max(old, r["peak_rss_mb"])
-            for what, key in (("train", "peak_rss_mb_by_train_size"), ("dev", "peak_rss_mb_by_dev_size")):
-                sizes = sorted(cell[key], key=lambda k: int(k[len(what):]))
+            for what, key in (
+                ("train", "peak_rss_mb_by_train_size"),
+                ("dev", "peak_rss_mb_by_dev_size"),
+            ):
+                sizes = sorted(cell[key], key=lambda k: int(k[len(what) :]))
                 for first, last in zip(sizes, sizes[1:]):
                     cell[f"rss_growth_{what}_{first[len(what):]}x_to_{last[len(what):]}x"] = round(
-                        cell[key][last] / cell[key][first] - 1, 4)
+                        cell[key][last] / cell[key][first] - 1, 4
+                    )
             row[system] = cell
-        bounded = {r["train"]: r["peak_rss_mb"] for r in runs if r["shape"] == shape and r.get("bounded")}
+        bounded = {
+            r["train"]: r["peak_rss_mb"] for r in runs if r["shape"] == shape and r.get("bounded")
+        }
         if bounded:
             sizes = sorted(bounded, key=lambda k: int(k[5:]))
             row["lean_bounds100"] = {"peak_rss_mb_by_train_size": bounded}
             for first, last in zip(sizes, sizes[1:]):
                 row["lean_bounds100"][f"rss_growth_train_{first[5:]}x_to_{last[5:]}x"] = round(
-                    bounded[last] / bounded[first] - 1, 4)
+                    bounded[last] / bounded[first] - 1, 4
+                )
         if "stock" in row and "lean" in row:
             pairs = [
                 a["words_per_s"] / b["words_per_s"]
-                for a in runs if a["shape"] == shape and a["system"] == "lean" and a.get("pair") is not None
-                for b in runs if b["shape"] == shape and b["system"] == "stock" and b.get("pair") == a["pair"]
+                for a in runs
+                if a["shape"] == shape and a["system"] == "lean" and a.get("pair") is not None
+                for b in runs
+                if b["shape"] == shape and b["system"] == "stock" and b.get("pair") == a["pair"]
             ]
-            row["lean_vs_stock_words_per_s_median"] = round(statistics.median(pairs), 3) if pairs else None
+            row["lean_vs_stock_words_per_s_median"] = (
+                round(statistics.median(pairs), 3) if pairs else None
+            )
             row["lean_vs_stock_words_per_wall_s"] = round(
-                row["lean"]["words_per_wall_s_median"] / row["stock"]["words_per_wall_s_median"], 3)
+                row["lean"]["words_per_wall_s_median"] / row["stock"]["words_per_wall_s_median"], 3
+            )
         summary[shape] = row
     return summary
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=25_000, help="tokens in the 1x training corpus")
+    parser.add_argument(
+        "--tokens", type=int, default=25_000, help="tokens in the 1x training corpus"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="stock/lean pairs on the 1x corpus")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--bounded", action="store_true",
-                        help="run only lean with the reader's shuffle_buffer and the batcher's window set to "
-                        "100 (below every 1x corpus) on the 1x, 16x and 64x corpora, merged into --output: "
-                        "the peak's growth with the corpus once both bounds hold from the start")
+    parser.add_argument(
+        "--bounded",
+        action="store_true",
+        help="run only lean with the reader's shuffle_buffer and the batcher's window set to "
+        "100 (below every 1x corpus) on the 1x, 16x and 64x corpora, merged into --output: "
+        "the peak's growth with the corpus once both bounds hold from the start",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -136,7 +157,9 @@ def main():
         old = json.loads(args.output.read_text())
         runs = [r for r in old["runs"] if not r.get("bounded")]
         info = {shape: row.get("data", {}) for shape, row in old["summary"].items()}
-    opts = SimpleNamespace(steps=args.steps, batch_size=args.batch_size, threads=args.threads, gpu_id=-1)
+    opts = SimpleNamespace(
+        steps=args.steps, batch_size=args.batch_size, threads=args.threads, gpu_id=-1
+    )
     with tempfile.TemporaryDirectory(prefix="train_shapes_") as tmp_name:
         tmp = Path(tmp_name)
         for shape in args.shapes:
@@ -144,8 +167,13 @@ def main():
             if not args.bounded:
                 info[shape] = shape_info
             data["transformer"] = synthetic.make_tiny_transformer(
-                tmp / f"tiny_bert_{shape}", _texts(data["train1"]), vocab_size=1000,
-                hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                tmp / f"tiny_bert_{shape}",
+                _texts(data["train1"]),
+                vocab_size=1000,
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=256,
             )
             trains = sorted((k for k in data if k.startswith("train")), key=lambda k: int(k[5:]))
             big_dev = max((k for k in data if k.startswith("dev")), key=lambda k: int(k[3:]))
@@ -160,8 +188,9 @@ def main():
                 tag = "-w100"  # train_memory.run_one: shuffle_buffer and window 100
             for i, (train_key, dev_key, pair, systems) in enumerate(jobs):
                 for system in systems if i % 2 == 0 else systems[::-1]:
-                    run = run_one(system, tmp, data, train_key, dev_key, 0, opts,
-                                  tag=f"{tag}-{shape}-{i}")
+                    run = run_one(
+                        system, tmp, data, train_key, dev_key, 0, opts, tag=f"{tag}-{shape}-{i}"
+                    )
                     run.update(shape=shape, pair=pair, bounded=bool(tag))
                     runs.append(run)
                     print(json.dumps(run), flush=True)
@@ -172,11 +201,16 @@ def main():
 def save(args, runs, info):
     result = {
         "benchmark": "train_shapes",
-        "command": "nice -n 10 python benchmarks/train_shapes.py" + (" --quick" if args.quick else "")
+        "command": "nice -n 10 python benchmarks/train_shapes.py"
+        + (" --quick" if args.quick else "")
         + (" (then --bounded)" if args.bounded else ""),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "loadavg_end": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_end": os.getloadavg(),
+        },
         "summary": summarize(runs, info),
         "runs": runs,
     }

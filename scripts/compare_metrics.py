@@ -5,6 +5,7 @@ a score that one file gives and the other leaves out (null) included; `speed` is
 reported, not compared. Exits with 1 when a score differs by
 more than the tolerance, so the workflow stops on a disagreement.
 """
+
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -27,15 +28,15 @@ def main(
     stock = _flatten(json.loads(spacy_metrics.read_text(encoding="utf8")))
     lean = _flatten(json.loads(lean_metrics.read_text(encoding="utf8")))
     shared = sorted(
-        k for k in stock.keys() & lean.keys()
+        k
+        for k in stock.keys() & lean.keys()
         if k.split(".")[0] not in NOT_COMPARED and (stock[k], lean[k]) != (None, None)
     )
     if not shared:
         msg.fail(f"No scores in common between {spacy_metrics} and {lean_metrics}", exits=1)
     # A score one side leaves out (None) and the other gives differs by infinity.
     diffs = {
-        k: float("inf") if None in (stock[k], lean[k]) else abs(stock[k] - lean[k])
-        for k in shared
+        k: float("inf") if None in (stock[k], lean[k]) else abs(stock[k] - lean[k]) for k in shared
     }
     worst = max(diffs, key=diffs.get)
     summary: Dict[str, Any] = {

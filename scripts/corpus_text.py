@@ -4,6 +4,7 @@ training character language models (`spacy lean train-charlm`).
 Tokens are joined with single spaces, as the char-LM embeddings read them
 (`tokenized_lm = true`), so the LMs are trained on the input they will see.
 """
+
 from pathlib import Path
 
 import typer
@@ -16,7 +17,8 @@ def main(
     corpus: Path = typer.Argument(..., help="A .spacy file, or a folder of them"),
     output: Path = typer.Argument(..., help="Text file to write"),
     tokenized: bool = typer.Option(
-        True, "--tokenized/--raw",
+        True,
+        "--tokenized/--raw",
         help="Join tokens with single spaces (default) or keep the original text",
     ),
 ):

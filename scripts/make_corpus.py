@@ -7,6 +7,7 @@ convert the optional assets (fetch them first with
 `spacy project assets --extra`); any other value is read as a directory that
 holds train/dev/test files, either .spacy or CoNLL/IOB columns.
 """
+
 import hashlib
 import json
 import shutil
@@ -38,22 +39,28 @@ ASSET_FILES = {
 }
 ASSET_SHA256 = {
     "assets/conll2003/train.txt": (
-        3283418, "c99b26852dabf57ca9d30a0e892b84544cc8962003151e14a71077c55dc66db5"
+        3283418,
+        "c99b26852dabf57ca9d30a0e892b84544cc8962003151e14a71077c55dc66db5",
     ),
     "assets/conll2003/valid.txt": (
-        827441, "f1f6469322876887de1d04acd43c59b02f59d5b02acf42c027132fa1bf349cb2"
+        827441,
+        "f1f6469322876887de1d04acd43c59b02f59d5b02acf42c027132fa1bf349cb2",
     ),
     "assets/conll2003/test.txt": (
-        748093, "82e0c72d262f86ad3e78b15c5d980bbf87cb205aa4bf6d2d97643f463f8d7ff7"
+        748093,
+        "82e0c72d262f86ad3e78b15c5d980bbf87cb205aa4bf6d2d97643f463f8d7ff7",
     ),
     "assets/wnut17/wnut17train.conll": (
-        493781, "731820e13f71af324c6b55a1575ec2ce59fbaa2a0806f8f0400b98d56cd6a7a5"
+        493781,
+        "731820e13f71af324c6b55a1575ec2ce59fbaa2a0806f8f0400b98d56cd6a7a5",
     ),
     "assets/wnut17/emerging.dev.conll": (
-        114749, "e053b752b8155113ca66e7db08af5f2f5f43ab993694e4774f1ec5bad42312d8"
+        114749,
+        "e053b752b8155113ca66e7db08af5f2f5f43ab993694e4774f1ec5bad42312d8",
     ),
     "assets/wnut17/emerging.test.annotated": (
-        192425, "2aa79b764e56ec9264a1b30fdd9b70195bd00ff400b62edd8f399d5f13c178f0"
+        192425,
+        "2aa79b764e56ec9264a1b30fdd9b70195bd00ff400b62edd8f399d5f13c178f0",
     ),
 }
 # What spaCy's CoNLL converter takes as a document boundary.
@@ -129,7 +136,8 @@ def _find_sources(dataset: str) -> Dict[str, Path]:
     for split in SPLITS:
         names = [split] + (["valid", "validation"] if split == "dev" else [])
         found = [
-            p for p in sorted(root.iterdir())
+            p
+            for p in sorted(root.iterdir())
             if p.stem in names and (p.suffix == ".spacy" or p.suffix in COLUMN_SUFFIXES)
         ]
         if not found:

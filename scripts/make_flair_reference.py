@@ -24,6 +24,7 @@ What it does:
 spacy_lean is imported from this repository (only `spacy_lean.charlm.model`, which
 needs torch and numpy, not spaCy).
 """
+
 import argparse
 import json
 import os
@@ -51,17 +52,22 @@ SENTENCES = [
     ("İstanbul and İzmir are in Türkiye .", None),
     ("Hello", None),
     ("Call 555-0199 now , or e-mail info@example.org today !", None),
-    ("See https://example.org/a/very/long/path/with/many/segments/and-a-query?x=1&y=2&z=three",
-     None),
+    (
+        "See https://example.org/a/very/long/path/with/many/segments/and-a-query?x=1&y=2&z=three",
+        None,
+    ),
     ("東京 と 大阪 は 日本 の 都市 です 。", None),
     ("Nobody expected the meeting to last so long ...", None),
     ("Grace Abernathy wrote to the Harbor Council after a long delay .", None),
-    ("\"Quoted\" words ( and brackets ) [ too ] { and braces } .", None),
+    ('"Quoted" words ( and brackets ) [ too ] { and braces } .', None),
     ("Great job 👍 team !", None),
     ("Pavel Ionescu joined Meridian Rail in Port Ambrel ahead of the Harvest Cup .", None),
     ("a", None),
-    ("Supercalifragilisticexpialidocious antidisestablishmentarianism "
-     "floccinaucinihilipilification", None),
+    (
+        "Supercalifragilisticexpialidocious antidisestablishmentarianism "
+        "floccinaucinihilipilification",
+        None,
+    ),
     ("Tabs\tand odd ~ ^ | characters # % $ 42 3.14 .", None),
     ("Lower-case words only here", None),
     ("MIXED case WORDS and NUMBERS 2026 .", None),
@@ -79,8 +85,9 @@ def sentences():
         spaces = []
         for i, w in enumerate(words):
             nxt = words[i + 1] if i + 1 < len(words) else None
-            spaces.append(nxt is not None and nxt not in _NO_SPACE_BEFORE
-                          and w not in _NO_SPACE_AFTER)
+            spaces.append(
+                nxt is not None and nxt not in _NO_SPACE_BEFORE and w not in _NO_SPACE_AFTER
+            )
         out.append({"words": words, "spaces": spaces})
     return out
 
@@ -118,8 +125,9 @@ def flair_vectors(out_dir: Path, pair: str, mode: str, sents, chars_per_chunk: i
     from flair.embeddings import FlairEmbeddings, StackedEmbeddings
 
     embs = [
-        FlairEmbeddings(str(out_dir / f"{pair}-{d}.pt"), chars_per_chunk=chars_per_chunk,
-                        **MODES[mode])
+        FlairEmbeddings(
+            str(out_dir / f"{pair}-{d}.pt"), chars_per_chunk=chars_per_chunk, **MODES[mode]
+        )
         for d in ("forward", "backward")
     ]
     stacked = StackedEmbeddings(embs)
@@ -164,8 +172,14 @@ def main() -> None:
         flair_dict.add_item(ch)
     for seed, forward in ((3, True), (4, False)):
         torch.manual_seed(seed)
-        lm = LanguageModel(flair_dict, is_forward_lm=forward, hidden_size=24, nlayers=1,
-                           embedding_size=8, nout=None)
+        lm = LanguageModel(
+            flair_dict,
+            is_forward_lm=forward,
+            hidden_size=24,
+            nlayers=1,
+            embedding_size=8,
+            nout=None,
+        )
         lm.save(args.out / f"flairwritten-{'forward' if forward else 'backward'}.pt")
     ref = flair_vectors(args.out, "flairwritten", "default", sents, chars_per_chunk=512)
     numpy.save(args.out / "ref_flairwritten_default.npy", ref)

@@ -8,6 +8,7 @@ other existing folder is used as it is, and anything else is taken for a Hugging
 Face Hub name (e.g. roberta-base), which spacy-transformers downloads at training
 time. A JSON card describing the choice is written to `card`.
 """
+
 import json
 import os
 from pathlib import Path
@@ -42,8 +43,12 @@ def main(
     info = {"name": name}
     if (path / MARKER).exists() or (not path.exists() and _in_assets(path)):
         settings = {
-            "vocab_size": vocab_size, "hidden_size": hidden_size, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "max_position_embeddings": max_length, "seed": seed,
+            "vocab_size": vocab_size,
+            "hidden_size": hidden_size,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "max_position_embeddings": max_length,
+            "seed": seed,
         }
         if hidden_size % heads:
             msg.fail(

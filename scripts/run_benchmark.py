@@ -5,6 +5,7 @@ recorded results alone).
 Exists so project.yml can choose the size with a plain var (`--vars.bench_size
 quick`): a var's value cannot start with "--" on spaCy's command line.
 """
+
 import subprocess
 import sys
 import time

@@ -6,6 +6,7 @@ Importing the package registers its components (`lean_cleaner`, `char_lm`), read
 `spacy-lean.strip_streaming_evaluate.v1`). Each is also declared as an entry point in
 setup.cfg, so configs resolve them without this import.
 """
+
 from .about import __version__
 from . import cleaner, corpus, scoring  # noqa: F401
 from .charlm import component as _charlm_component  # noqa: F401

@@ -1,4 +1,5 @@
 """Availability flags for optional dependencies, in one place."""
+
 import importlib.util
 
 try:  # pragma: no cover - depends on the environment

@@ -6,6 +6,7 @@ state of each unit, and the driver merges the states in data order, so the numbe
 (per-type order included) are those of a single worker. A unit is counted once: its
 state is kept only when it finished, and a unit whose worker died is run again.
 """
+
 import os
 from collections import deque
 from dataclasses import dataclass, field

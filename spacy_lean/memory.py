@@ -1,6 +1,7 @@
 """Giving memory back: the host heap (glibc) and the GPU allocators' caches.
 
 Used by `lean_cleaner`, the streaming evaluation loop and the compact corpus reader."""
+
 import ctypes
 import os
 import sys

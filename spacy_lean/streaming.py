@@ -8,6 +8,7 @@ activations, whatever the size of the dev set. The same loop backs the
 `[nlp.after_pipeline_creation]` callback (so `spacy train` and `spacy evaluate` stream),
 the `spacy lean evaluate` command, its checkpoints and its workers.
 """
+
 import contextlib
 import functools
 import itertools
@@ -19,7 +20,16 @@ import warnings
 from pathlib import Path
 from timeit import default_timer as timer
 from typing import (
-    Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
 )
 
 import numpy
@@ -31,6 +41,7 @@ from spacy.training import Example, validate_examples
 from spacy.util import registry
 
 from ._compat import has_cupy, has_torch
+
 # Data is read by spacy_lean.corpus.sources; its error stays importable from here.
 from .corpus.sources import CorruptShardError  # noqa: F401
 from .memory import HeapTrimmer, empty_gpu_caches
@@ -423,8 +434,7 @@ class StreamingEvaluator:
         for i in order:
             longer = max(longest, lengths[i])
             if batch and (
-                len(batch) >= self.batch_size
-                or (len(batch) + 1) * longer > self.max_batch_tokens
+                len(batch) >= self.batch_size or (len(batch) + 1) * longer > self.max_batch_tokens
             ):
                 yield batch
                 batch, longer = [], lengths[i]
@@ -774,8 +784,12 @@ class EvalCheckpoint:
             ("another model", "model", self.model_fingerprint),
             ("other data (or another --gold-preproc setting)", "data", self.data_fingerprint),
             ("another scorer configuration", "scorer", state_fingerprint),
-            ("another layout of the work (one process against --workers, or the data cut "
-             "into other work units)", "layout", self.layout),
+            (
+                "another layout of the work (one process against --workers, or the data cut "
+                "into other work units)",
+                "layout",
+                self.layout,
+            ),
         ):
             if data.get(key) != value:
                 raise CheckpointMismatchError(

@@ -4,6 +4,7 @@ Nothing here downloads anything: the NER corpus is generated from small word lis
 written for this package, and the transformer is a randomly initialised BERT with a
 WordPiece vocabulary trained on the generated text.
 """
+
 import random
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -13,32 +14,81 @@ from spacy.tokens import Doc, DocBin, Span
 
 # Word lists written for spacy-lean. Entities are multi-token where it is natural.
 _PERSONS = [
-    "Ada Lindqvist", "Tomas Okafor", "Mira Sandoval", "Jun Hartmann", "Leila Moreau",
-    "Pavel Ionescu", "Grace Abernathy", "Oskar Venn", "Nadia Kowal", "Elio Brandt",
-    "Hana Duarte", "Ravi Menon", "Ines Calloway", "Bram Oduya", "Sofia Tarrant",
+    "Ada Lindqvist",
+    "Tomas Okafor",
+    "Mira Sandoval",
+    "Jun Hartmann",
+    "Leila Moreau",
+    "Pavel Ionescu",
+    "Grace Abernathy",
+    "Oskar Venn",
+    "Nadia Kowal",
+    "Elio Brandt",
+    "Hana Duarte",
+    "Ravi Menon",
+    "Ines Calloway",
+    "Bram Oduya",
+    "Sofia Tarrant",
 ]
 _ORGS = [
-    "Northwind Analytics", "Bluefield Bank", "the Harbor Council", "Quillon Labs",
-    "Meridian Rail", "Ostrava Steelworks", "Copperleaf Media", "Lumen Health",
-    "the Fenwick Trust", "Arcadia Motors", "Tallis University", "Greyhaven Press",
+    "Northwind Analytics",
+    "Bluefield Bank",
+    "the Harbor Council",
+    "Quillon Labs",
+    "Meridian Rail",
+    "Ostrava Steelworks",
+    "Copperleaf Media",
+    "Lumen Health",
+    "the Fenwick Trust",
+    "Arcadia Motors",
+    "Tallis University",
+    "Greyhaven Press",
 ]
 _LOCS = [
-    "Veldmark", "Port Ambrel", "the Sorrel Valley", "Kestrel Bay", "Lower Hesk",
-    "Marrow Hill", "Caldera City", "the Isle of Wren", "Dunmore", "New Halvard",
-    "Eastbridge", "the Tamsin Coast",
+    "Veldmark",
+    "Port Ambrel",
+    "the Sorrel Valley",
+    "Kestrel Bay",
+    "Lower Hesk",
+    "Marrow Hill",
+    "Caldera City",
+    "the Isle of Wren",
+    "Dunmore",
+    "New Halvard",
+    "Eastbridge",
+    "the Tamsin Coast",
 ]
 _MISC = [
-    "Harvest Cup", "Solace Prize", "Brightline Act", "Winter Accord", "Pell Festival",
+    "Harvest Cup",
+    "Solace Prize",
+    "Brightline Act",
+    "Winter Accord",
+    "Pell Festival",
     "Orbis Summit",
 ]
 _SUBJ_VERBS = [
-    "met with", "criticised", "praised", "visited", "wrote to", "signed a deal with",
-    "spoke about", "joined", "left", "announced a partnership with",
+    "met with",
+    "criticised",
+    "praised",
+    "visited",
+    "wrote to",
+    "signed a deal with",
+    "spoke about",
+    "joined",
+    "left",
+    "announced a partnership with",
 ]
 _FILLERS = [
-    "on Tuesday", "after a long delay", "according to officials", "in a short statement",
-    "for the second time this year", "despite strong objections", "late last night",
-    "during the morning session", "without further comment", "as expected",
+    "on Tuesday",
+    "after a long delay",
+    "according to officials",
+    "in a short statement",
+    "for the second time this year",
+    "despite strong objections",
+    "late last night",
+    "during the morning session",
+    "without further comment",
+    "as expected",
 ]
 _PLAIN = [
     "The weather stayed mild for most of the week .",
@@ -128,7 +178,10 @@ def make_ner_docs(
 
 
 def write_ner_corpus(
-    path: Union[str, Path], n_docs: int, seed: int = 0, lang: str = "en",
+    path: Union[str, Path],
+    n_docs: int,
+    seed: int = 0,
+    lang: str = "en",
     long_doc_rate: float = 0.03,
 ) -> Path:
     """Write a generated NER corpus as a .spacy file and return its path."""
@@ -172,7 +225,13 @@ def make_tiny_transformer(
     """
     import torch
     from tokenizers import (
-        Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
     )
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
@@ -321,13 +380,15 @@ def build_trf_ner_pipeline(
     from thinc.api import Config
 
     fix_random_seed(seed)
-    config = Config().from_str(TRF_NER_CONFIG, overrides={"paths.transformer": str(transformer_path)})
+    config = Config().from_str(
+        TRF_NER_CONFIG, overrides={"paths.transformer": str(transformer_path)}
+    )
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
     if train_docs is None:
         train_docs = make_ner_docs(nlp, 40, seed=seed)
     examples = [Example(nlp.make_doc(d.text), d) for d in train_docs]
     optimizer = nlp.initialize(lambda: examples)
     for step in range(n_steps):
-        batch = examples[(step * 8) % len(examples):][:8] or examples[:8]
+        batch = examples[(step * 8) % len(examples) :][:8] or examples[:8]
         nlp.update(batch, sgd=optimizer)
     return nlp

@@ -32,13 +32,51 @@ from spacy.tokens import Doc, DocBin, Span
 LABELS = ("LOC", "PER", "ORG", "MISC")
 Chunk = Tuple[str, Optional[str]]  # (space-separated words, entity label or None)
 
-_ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p",
-           "r", "s", "st", "t", "tr", "v", "w", "z", "sh", "ch", "j"]
+_ONSETS = [
+    "b",
+    "br",
+    "c",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "w",
+    "z",
+    "sh",
+    "ch",
+    "j",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "ei", "ou"]
 _CODAS = ["", "", "n", "r", "l", "s", "k", "m", "nd", "rt", "st", "th"]
 _PLACE_SUFFIXES = ["ton", "burg", "ford", "ville", "stad", "mouth", "holm", "grad", "ia", "land"]
-_ORG_SUFFIXES = ["Corp", "Group", "Holdings", "Bank", "Airlines", "Motors", "Systems",
-                 "Energy", "Partners", "Insurance", "Telecom", "Mining"]
+_ORG_SUFFIXES = [
+    "Corp",
+    "Group",
+    "Holdings",
+    "Bank",
+    "Airlines",
+    "Motors",
+    "Systems",
+    "Energy",
+    "Partners",
+    "Insurance",
+    "Telecom",
+    "Mining",
+]
 _CLUB_SUFFIXES = ["United", "City", "Rovers", "Athletic", "Wanderers", "FC"]
 _ORG_NOUNS = ["Workers", "Farmers", "Teachers", "Exporters", "Miners", "Doctors", "Traders"]
 _ORG_BODIES = ["Union", "Federation", "Association", "Council", "Ministry", "Commission"]
@@ -122,12 +160,15 @@ class _Lexicon:
         rng.shuffle(orgs)
         self.org = _zipf_picker(orgs)
         adjectives = [p.rstrip("aeiou") + rng.choice(["ian", "ish", "ese", "i"]) for p in places]
-        miscs = adjectives[:200] + [
-            f"{rng.choice(places)} {rng.choice(_EVENTS)}" for _ in range(150)
-        ] + [
-            f"{rng.randint(1990, 2026)} {rng.choice(places)} {rng.choice(_EVENTS)}"
-            for _ in range(40)
-        ] + [f"{rng.choice(places)} {rng.choice(_MISC_NOUNS)}" for _ in range(60)]
+        miscs = (
+            adjectives[:200]
+            + [f"{rng.choice(places)} {rng.choice(_EVENTS)}" for _ in range(150)]
+            + [
+                f"{rng.randint(1990, 2026)} {rng.choice(places)} {rng.choice(_EVENTS)}"
+                for _ in range(40)
+            ]
+            + [f"{rng.choice(places)} {rng.choice(_MISC_NOUNS)}" for _ in range(60)]
+        )
         rng.shuffle(miscs)
         self.misc = _zipf_picker(miscs)
 
@@ -165,8 +206,12 @@ def _sentence(lex: _Lexicon, rng: random.Random) -> List[Chunk]:
     per, org, loc = lex.person, lex.org, lex.loc
     if kind < 0.18:  # score or result line: two clubs, or two countries
         side, label = (org, "ORG") if kind < 0.09 else (loc, "LOC")
-        return [(side(rng), label), (str(rng.randint(0, 5)), None),
-                (side(rng), label), (str(rng.randint(0, 5)), None)]
+        return [
+            (side(rng), label),
+            (str(rng.randint(0, 5)), None),
+            (side(rng), label),
+            (str(rng.randint(0, 5)), None),
+        ]
     if kind < 0.35:  # reported speech with a title
         out: List[Chunk] = [('"', None)] + _clause(lex, rng) + [(', "', None)]
         out += [(per(rng, short_ok=False), "PER"), (",", None)]
@@ -174,8 +219,14 @@ def _sentence(lex: _Lexicon, rng: random.Random) -> List[Chunk]:
             out += [(rng.choice(_TITLES), None), ("of", None), (org(rng), "ORG"), (",", None)]
         return out + [(rng.choice(_VERBS), None), (".", None)]
     if kind < 0.5:
-        out = [(rng.choice(_TITLES).capitalize(), None), (per(rng), "PER"), (rng.choice(_VERBS), None),
-               ("on", None), (rng.choice(_DAYS), None), ("that", None)]
+        out = [
+            (rng.choice(_TITLES).capitalize(), None),
+            (per(rng), "PER"),
+            (rng.choice(_VERBS), None),
+            ("on", None),
+            (rng.choice(_DAYS), None),
+            ("that", None),
+        ]
         return out + _clause(lex, rng) + [(".", None)]
     if kind < 0.62:
         out = [(org(rng), "ORG"), (rng.choice(["shares", "said", "profit", "officials"]), None)]
@@ -201,8 +252,13 @@ def _doc_chunks(lex: _Lexicon, rng: random.Random) -> List[List[Chunk]]:
         for chunk, label in _clause(lex, rng)[:3]:
             head.append((chunk.upper(), label))
         sents.append(head)
-        sents.append([(lex.loc(rng).upper(), "LOC"), (f"{rng.randint(1, 28)}-{rng.randint(1, 12)}", None),
-                      ("-", None)])
+        sents.append(
+            [
+                (lex.loc(rng).upper(), "LOC"),
+                (f"{rng.randint(1, 28)}-{rng.randint(1, 12)}", None),
+                ("-", None),
+            ]
+        )
     n = sum(len(c.split(" ")) for s in sents for c, _ in s)
     while n < target:
         sent = _sentence(lex, rng)
@@ -234,9 +290,7 @@ def make_news_doc(nlp: Language, lex: "_Lexicon", rng: random.Random) -> Doc:
     return doc
 
 
-def make_news_docs(
-    nlp: Language, n_docs: int, seed: int = 0, lexicon_seed: int = 0
-) -> List[Doc]:
+def make_news_docs(nlp: Language, n_docs: int, seed: int = 0, lexicon_seed: int = 0) -> List[Doc]:
     """Generate `n_docs` news-like NER docs, deterministically.
 
     nlp (Language): supplies the vocab.

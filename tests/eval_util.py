@@ -1,4 +1,5 @@
 """Helpers shared by the evaluation tests (streaming loop, CLI, workers)."""
+
 import pytest
 import srsly
 
@@ -28,8 +29,13 @@ def assert_same_scores(ours, theirs, path="scores", *, speed="skip", unordered_p
                 assert isinstance(ours[key], float)
         elif isinstance(value, dict):
             assert isinstance(ours[key], dict), f"{path}.{key}"
-            assert_same_scores(ours[key], value, f"{path}.{key}", speed=speed,
-                               unordered_per_type=unordered_per_type)
+            assert_same_scores(
+                ours[key],
+                value,
+                f"{path}.{key}",
+                speed=speed,
+                unordered_per_type=unordered_per_type,
+            )
         elif isinstance(value, float):
             assert ours[key] == pytest.approx(value, abs=1e-12), f"{path}.{key}"
         else:

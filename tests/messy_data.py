@@ -2,6 +2,7 @@
 empty doc, whitespace-only docs, one long doc with no sentence boundaries and
 entities near a cut, missing ("-") and unset entity annotation, overlapping spans,
 cats, and CJK, right-to-left, emoji and combining-character text."""
+
 from typing import List
 
 from spacy.language import Language
@@ -32,12 +33,15 @@ def make_messy_docs(nlp: Language) -> List[Doc]:
         ("東京 は 日本 の 首都 です 。", [("東京", "LOC"), ("日本", "LOC")]),
         ("שלום עולם من القاهرة إلى تل أبيب", [("القاهرة", "LOC"), ("تل أبيب", "LOC")]),
         ("Family 👩‍👩‍👧 went to Café Zoë ’s place 🎉🎉", [("Café Zoë", "ORG")]),
-        ("Rene\u0301 Ma\u0308gritte painted in Bruxelles",
-         [("Rene\u0301 Ma\u0308gritte", "PER"), ("Bruxelles", "LOC")]),
+        (
+            "Rene\u0301 Ma\u0308gritte painted in Bruxelles",
+            [("Rene\u0301 Ma\u0308gritte", "PER"), ("Bruxelles", "LOC")],
+        ),
     ]:
         doc = nlp.make_doc(text)
-        doc.ents = [doc.char_span(text.find(w), text.find(w) + len(w), label=label)
-                    for w, label in ents]
+        doc.ents = [
+            doc.char_span(text.find(w), text.find(w) + len(w), label=label) for w, label in ents
+        ]
         doc.cats = {"POS": 0.0, "NEG": 1.0}
         docs.append(doc)
     return docs

@@ -1,5 +1,6 @@
 """Character-LM training with DistributedDataParallel: 2 CPU processes (gloo),
 started with torch.multiprocessing, and with torchrun through the CLI (slow)."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,16 @@ from spacy_lean.charlm.train import STATE_FILE, train_charlm
 
 # Dropout off, so that 2 workers x 4 streams compute the same gradients as 1 x 8.
 TINY = dict(
-    hidden_size=32, embedding_size=16, bptt=30, lr=5.0, dropout=0.0, max_epochs=2,
-    log_every=10, checkpoint_every=30, gpu_id=-1, progress=False,
+    hidden_size=32,
+    embedding_size=16,
+    bptt=30,
+    lr=5.0,
+    dropout=0.0,
+    max_epochs=2,
+    log_every=10,
+    checkpoint_every=30,
+    gpu_id=-1,
+    progress=False,
 )
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -61,7 +70,11 @@ def _train_ddp(tmp_path, text_file, output_dir, world_size=2, **kwargs):
     mp.spawn(
         _worker,
         args=(
-            world_size, str(store), str(text_file), str(output_dir), {**TINY, **kwargs},
+            world_size,
+            str(store),
+            str(text_file),
+            str(output_dir),
+            {**TINY, **kwargs},
             str(result_dir),
         ),
         nprocs=world_size,
@@ -92,7 +105,6 @@ def reference(text_file, dev_file, tmp_path_factory):
         torch.set_num_threads(before)
 
 
-
 def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_torch_thread):
     """2 gloo workers x 4 streams: identical weights on both ranks, the loss falls,
     and the steps equal one process's with 8 streams (up to float rounding), the dev
@@ -108,7 +120,7 @@ def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_
     for (step, mine), (ref_step, ref) in zip(a["losses"], reference.losses):
         assert step == ref_step and abs(mine - ref) < 1e-4
     state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
-    (dev_step, dev_loss), = state["dev_losses"]
+    ((dev_step, dev_loss),) = state["dev_losses"]
     assert dev_step == reference.dev_losses[0][0] == 30
     assert abs(dev_loss - reference.dev_losses[0][1]) < 1e-4
     assert state["world_size"] == 2 and state["loader"]["n_streams"] == 8
@@ -119,7 +131,9 @@ def test_ddp_two_workers_then_one(tmp_path, text_file, dev_file, reference, one_
     assert resumed.losses[-1][1] < resumed.losses[0][1] - 0.3
 
 
-def test_ddp_resumes_a_single_worker_checkpoint_on_two(tmp_path, text_file, reference, one_torch_thread):
+def test_ddp_resumes_a_single_worker_checkpoint_on_two(
+    tmp_path, text_file, reference, one_torch_thread
+):
     train_charlm([text_file], tmp_path / "run", batch_size=8, max_steps=30, **TINY)
     a, b = _train_ddp(tmp_path, text_file, tmp_path / "run", resume=True, max_steps=60)
     assert a["step"] == b["step"] == 60
@@ -133,11 +147,37 @@ def test_torchrun_cli(tmp_path, text_file):
     out = tmp_path / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-        "-m", "spacy", "lean", "train-charlm", str(text_file), str(out),
-        "--hidden-size", "16", "--embedding-size", "8", "--bptt", "20", "-b", "4",
-        "--max-steps", "30", "--gpu-id", "-1", "--threads", "1", "--log-every", "10",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        "-m",
+        "spacy",
+        "lean",
+        "train-charlm",
+        str(text_file),
+        str(out),
+        "--hidden-size",
+        "16",
+        "--embedding-size",
+        "8",
+        "--bptt",
+        "20",
+        "-b",
+        "4",
+        "--max-steps",
+        "30",
+        "--gpu-id",
+        "-1",
+        "--threads",
+        "1",
+        "--log-every",
+        "10",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """The memory-mapped character-LM loader: encoding, dtypes, per-row continuity,
 random sequence lengths, rank shares and exact resume."""
+
 import json
 
 import numpy as np
@@ -139,8 +140,8 @@ def test_rows_continue_across_batches_and_cover_the_text(encoded, reverse):
     assert L == (len(ids) - 1) // bs
     assert xs.shape == (L, bs)
     for i in range(bs):
-        np.testing.assert_array_equal(xs[:, i], ids[i * L: (i + 1) * L])
-        np.testing.assert_array_equal(ys[:, i], ids[i * L + 1: (i + 1) * L + 1])
+        np.testing.assert_array_equal(xs[:, i], ids[i * L : (i + 1) * L])
+        np.testing.assert_array_equal(ys[:, i], ids[i * L + 1 : (i + 1) * L + 1])
     # The last target of batch k is the first input of batch k+1, row by row.
     for (_, y0), (x1, _) in zip(batches, batches[1:]):
         np.testing.assert_array_equal(y0[-1], x1[0])
@@ -213,8 +214,7 @@ def test_resume_on_a_different_number_of_workers(encoded):
     4 x 1) with the same batches: the global stream count is what the state fixes."""
     reference = _epoch(CharLMLoader(encoded, batch_size=4, bptt=10, seed=9))
     two = [
-        CharLMLoader(encoded, batch_size=2, bptt=10, seed=9, rank=r, world_size=2)
-        for r in range(2)
+        CharLMLoader(encoded, batch_size=2, bptt=10, seed=9, rank=r, world_size=2) for r in range(2)
     ]
     for loader in two:
         _take(loader, 7)

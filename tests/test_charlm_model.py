@@ -1,4 +1,5 @@
 """The character LM, its dictionary, and the Flair checkpoint format."""
+
 import pickletools
 import zipfile
 from pathlib import Path
@@ -115,13 +116,27 @@ def test_bad_settings_raise(dictionary):
 def test_state_dict_keys_are_flairs(dictionary):
     lm = _lm(dictionary, nout=4)
     assert set(lm.state_dict()) == {
-        "encoder.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
-        "rnn.bias_hh_l0", "proj.weight", "proj.bias", "decoder.weight", "decoder.bias",
+        "encoder.weight",
+        "rnn.weight_ih_l0",
+        "rnn.weight_hh_l0",
+        "rnn.bias_ih_l0",
+        "rnn.bias_hh_l0",
+        "proj.weight",
+        "proj.bias",
+        "decoder.weight",
+        "decoder.bias",
     }
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"nout": 5, "nlayers": 2}, {"recurrent_type": "gru"},
-                                    {"is_forward_lm": False, "document_delimiter": "\t"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"nout": 5, "nlayers": 2},
+        {"recurrent_type": "gru"},
+        {"is_forward_lm": False, "document_delimiter": "\t"},
+    ],
+)
 def test_save_load_round_trip(tmp_path, dictionary, kwargs):
     lm = _lm(dictionary, **kwargs)
     path = tmp_path / "lm.pt"
@@ -176,8 +191,12 @@ def test_old_flair_checkpoint_without_newer_keys(tmp_path, dictionary):
     del checkpoint["dictionary"].__dict__["add_unk"]
     path = tmp_path / "old.pt"
     # The pre-1.6 torch container, as old Flair models were saved.
-    torch.save(checkpoint, str(path), pickle_module=flair_format._flair_pickle_module,
-               _use_new_zipfile_serialization=False)
+    torch.save(
+        checkpoint,
+        str(path),
+        pickle_module=flair_format._flair_pickle_module,
+        _use_new_zipfile_serialization=False,
+    )
     loaded = CharLM.load(path)
     assert loaded.document_delimiter == "\n" and loaded.recurrent_type == "lstm"
     ids = torch.tensor(dictionary.encode("hello")).unsqueeze(1)
@@ -193,8 +212,9 @@ def test_refuses_unexpected_globals(tmp_path, dictionary):
     path = tmp_path / "evil.pt"
     checkpoint = _lm(dictionary).to_checkpoint()
     checkpoint["payload"] = _Evil()
-    torch.save(checkpoint, str(path), pickle_module=flair_format._flair_pickle_module,
-               pickle_protocol=4)
+    torch.save(
+        checkpoint, str(path), pickle_module=flair_format._flair_pickle_module, pickle_protocol=4
+    )
     with pytest.raises(ValueError, match="builtins.print"):
         CharLM.load(path)
 

@@ -7,6 +7,7 @@ arguments torch.save never writes; persistent ids that are not torch's storage
 records; truncated, garbage and oversized files; the char-LM weights inside a saved
 pipeline; and a `train-charlm --resume` directory.
 """
+
 import codecs
 import copyreg
 import io
@@ -82,8 +83,13 @@ def checkpoint():
 
 
 def _save(obj, path: Path, fmt: str, protocol: int) -> Path:
-    torch.save(obj, str(path), pickle_module=flair_format._flair_pickle_module,
-               pickle_protocol=protocol, _use_new_zipfile_serialization=fmt == "zip")
+    torch.save(
+        obj,
+        str(path),
+        pickle_module=flair_format._flair_pickle_module,
+        pickle_protocol=protocol,
+        _use_new_zipfile_serialization=fmt == "zip",
+    )
     return path
 
 
@@ -147,7 +153,7 @@ def test_legacy_header_records_are_restricted(tmp_path, marker, checkpoint):
     """torch's legacy reader unpickles the magic number, protocol version and system
     info before the data, and the storage keys after it: each goes through the
     restricted unpickler."""
-    good = (tmp_path / "good.pt")
+    good = tmp_path / "good.pt"
     _save(checkpoint, good, "legacy", 2)
     data = good.read_bytes()
     evil = pickle.dumps(_System(marker), protocol=2)
@@ -180,7 +186,7 @@ def _storage(n=4):
 _HOSTILE_CALLS = {
     "codecs-rot13": (_Call(codecs.encode, ("abc", "rot13")), "_codecs.encode"),
     "codecs-bytes": (_Call(codecs.encode, (b"abc", "latin1")), "_codecs.encode"),
-    "bytes-bomb": (_Call(bytes, (10 ** 12,)), "builtins.bytes"),
+    "bytes-bomb": (_Call(bytes, (10**12,)), "builtins.bytes"),
     "set-of-lists": (_Call(set, ([[1, 2]],)), "builtins.set"),
     "frozenset-int": (_Call(frozenset, (5,)), "builtins.frozenset"),
     "ordereddict-args": (_Call(OrderedDict, ("not pairs",)), "collections.OrderedDict"),
@@ -195,13 +201,15 @@ _HOSTILE_CALLS = {
     "scalar-short": (_Call(_scalar, (numpy.dtype("f8"), b"abc")), "scalar"),
     "scalar-str-dtype": (_Call(_scalar, ("f8", b"12345678")), "scalar"),
     "tensor-out-of-bounds": (
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_storage(), 0, (1000,), (1,), False, OrderedDict())),
+        _Call(
+            torch._utils._rebuild_tensor_v2, (_storage(), 0, (1000,), (1,), False, OrderedDict())
+        ),
         "does not fit",
     ),
     "tensor-offset": (
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_storage(), 10 ** 9, (2,), (1,), False, OrderedDict())),
+        _Call(
+            torch._utils._rebuild_tensor_v2, (_storage(), 10**9, (2,), (1,), False, OrderedDict())
+        ),
         "does not fit",
     ),
     "tensor-negative-stride": (
@@ -213,13 +221,16 @@ _HOSTILE_CALLS = {
         "not a storage of this file",
     ),
     "tensor-hooks": (
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_storage(), 0, (2,), (1,), False, OrderedDict(hook=1))),
+        _Call(
+            torch._utils._rebuild_tensor_v2, (_storage(), 0, (2,), (1,), False, OrderedDict(hook=1))
+        ),
         "_rebuild_tensor_v2",
     ),
     "tensor-metadata": (
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_storage(), 0, (2,), (1,), False, OrderedDict(), {"conj": True})),
+        _Call(
+            torch._utils._rebuild_tensor_v2,
+            (_storage(), 0, (2,), (1,), False, OrderedDict(), {"conj": True}),
+        ),
         "_rebuild_tensor_v2",
     ),
     "tensor-v1": (_Call(torch._utils._rebuild_tensor, (_storage(), 0, (9,), (1,))), "does not fit"),
@@ -246,9 +257,14 @@ def test_allowed_globals_refuse_unexpected_arguments(tmp_path, checkpoint, case,
 def test_allowed_globals_with_the_arguments_torch_writes(tmp_path, checkpoint):
     """The stand-ins still build what they should (numpy values, sets, sizes, ...)."""
     extra = {
-        "np": numpy.float32(1.5), "set": {1, 2}, "frozen": frozenset(["a"]), "bytes": b"",
-        "size": torch.Size([2, 3]), "device": torch.device("cpu"),
-        "param": torch.nn.Parameter(torch.ones(2)), "view": torch.arange(6.0)[2:5],
+        "np": numpy.float32(1.5),
+        "set": {1, 2},
+        "frozen": frozenset(["a"]),
+        "bytes": b"",
+        "size": torch.Size([2, 3]),
+        "device": torch.device("cpu"),
+        "param": torch.nn.Parameter(torch.ones(2)),
+        "view": torch.arange(6.0)[2:5],
     }
     for fmt, protocol in (("zip", 4), ("zip", 2), ("legacy", 2), ("legacy", 4)):
         path = _save({**checkpoint, "extra": extra}, tmp_path / "ok.pt", fmt, protocol)
@@ -265,8 +281,10 @@ def test_allowed_globals_with_the_arguments_torch_writes(tmp_path, checkpoint):
 _RAW = {
     "newobj-stand-in": (b"ccollections\nOrderedDict\n)\x81.", "creates an object"),
     "newobj-args": (b"cflair.data\nDictionary\nX\x01\x00\x00\x00x\x85\x81.", "creates an object"),
-    "build-dictionary-list": (b"cflair.data\nDictionary\n)\x81(K\x01K\x02lb.",
-                              "flair.data.Dictionary"),
+    "build-dictionary-list": (
+        b"cflair.data\nDictionary\n)\x81(K\x01K\x02lb.",
+        "flair.data.Dictionary",
+    ),
     "build-tuple-of-str": (b"c__builtin__\nset\n)R}X\x01\x00\x00\x00aK\x01sb.", "state of"),
     "append-to-stand-in": (b"c_codecs\nencode\nK\x01a.", "APPEND targets"),
     "setitem-on-tensor": (b"ctorch\nSize\n]K\x02a\x85R" b"K\x00K\x01s.", "SETITEM targets"),
@@ -290,7 +308,6 @@ def test_hand_written_opcodes_are_refused(tmp_path, marker, case, fmt):
     _refused(path, needle)
 
 
-
 class _PlainData:
     """A plain-data class a caller may allow: created empty, filled by BUILD."""
 
@@ -304,14 +321,15 @@ def test_build_calls_the_class_setstate_not_one_the_pickle_planted(tmp_path):
     there (here the `builtins.bytes` stand-in: a call REDUCE would refuse)."""
     from spacy_lean.charlm import safe_torch
 
-    data = (b"\x80\x02ctest\nPlainData\n)\x81"
-            b"}X\x0c\x00\x00\x00__setstate__cbuiltins\nbytes\nsb"
-            b"}X\x01\x00\x00\x00aK\x07sb.")
+    data = (
+        b"\x80\x02ctest\nPlainData\n)\x81"
+        b"}X\x0c\x00\x00\x00__setstate__cbuiltins\nbytes\nsb"
+        b"}X\x01\x00\x00\x00aK\x07sb."
+    )
     path = _zip_file(tmp_path / "planted.pt", data)
     allowed = safe_torch.allowed_globals({("test", "PlainData"): _PlainData})
     loaded = safe_torch.load(path, allowed, what="a test file")
     assert type(loaded) is _PlainData and loaded.a == 7
-
 
 
 def test_state_dict_metadata_holds_module_versions_only(tmp_path, checkpoint):
@@ -333,9 +351,11 @@ def test_state_dict_metadata_cannot_be_changed_after_it_is_checked(tmp_path):
     versions are copied when `_metadata` is set, so what the check saw is what stays."""
     from spacy_lean.charlm import safe_torch
 
-    data = (b"\x80\x02ccollections\nOrderedDict\n)R"
-            b"}X\t\x00\x00\x00_metadata}X\x07\x00\x00\x00encoder}q\x02X\x07\x00\x00\x00versionK\x01sssb"
-            b"h\x02X\x18\x00\x00\x00assign_to_params_buffers\x88s0.")
+    data = (
+        b"\x80\x02ccollections\nOrderedDict\n)R"
+        b"}X\t\x00\x00\x00_metadata}X\x07\x00\x00\x00encoder}q\x02X\x07\x00\x00\x00versionK\x01sssb"
+        b"h\x02X\x18\x00\x00\x00assign_to_params_buffers\x88s0."
+    )
     path = _zip_file(tmp_path / "later.pt", data)
     loaded = safe_torch.load(path, safe_torch.allowed_globals(), what="a test file")
     assert loaded._metadata == {"encoder": {"version": 1}}
@@ -372,11 +392,18 @@ def _zip_file(path: Path, data_pkl: bytes, records=None) -> Path:
 
 
 def _legacy_file(path: Path, data_pkl: bytes, keys=("0",)) -> Path:
-    head = b"".join(pickle.dumps(x, protocol=2) for x in (
-        torch.serialization.MAGIC_NUMBER, torch.serialization.PROTOCOL_VERSION,
-        {"protocol_version": 1001, "little_endian": True,
-         "type_sizes": {"short": 2, "int": 4, "long": 4}},
-    ))
+    head = b"".join(
+        pickle.dumps(x, protocol=2)
+        for x in (
+            torch.serialization.MAGIC_NUMBER,
+            torch.serialization.PROTOCOL_VERSION,
+            {
+                "protocol_version": 1001,
+                "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4},
+            },
+        )
+    )
     path.write_bytes(head + data_pkl + pickle.dumps(list(keys), protocol=2) + b"\0" * 64)
     return path
 
@@ -385,25 +412,34 @@ _NOT_TORCH = "persistent id torch does not write"
 _BAD_PIDS = {
     "module": (("module", OrderedDict, "source.py", "class X: pass"), _NOT_TORCH),
     "not-a-type": (("storage", "FloatStorage", "0", "cpu", 4), _NOT_TORCH),
-    "object-type": (("storage", torch.serialization.StorageType, "0", "cpu", 4),
-                    "torch.serialization.StorageType"),
+    "object-type": (
+        ("storage", torch.serialization.StorageType, "0", "cpu", 4),
+        "torch.serialization.StorageType",
+    ),
     "path-key": (("storage", torch.FloatStorage, "../../etc/passwd", "cpu", 4), _NOT_TORCH),
     "location": (("storage", torch.FloatStorage, "0", "cpu; rm -rf ~", 4), _NOT_TORCH),
     "negative": (("storage", torch.FloatStorage, "0", "cpu", -1), _NOT_TORCH),
     "not-a-tuple": ("storage", _NOT_TORCH),
-    "huge": (("storage", torch.FloatStorage, "0", "cpu", 10 ** 12), "more than the whole file"),
+    "huge": (("storage", torch.FloatStorage, "0", "cpu", 10**12), "more than the whole file"),
 }
 # The legacy format's records carry a view (None, or key, offset, size) as a sixth item.
 _LEGACY_ONLY = {
     "view": (("storage", torch.FloatStorage, "0", "cpu", 4, ("1", 3, 10)), _NOT_TORCH),
     "zip-record": (("storage", torch.FloatStorage, "0", "cpu", 4), _NOT_TORCH),
     # Each fits in the file, all together do not: refused before torch allocates them.
-    "many": ([("storage", torch.FloatStorage, str(i), "cpu", 1000, None) for i in range(1000)],
-             "more than the whole file"),
+    "many": (
+        [("storage", torch.FloatStorage, str(i), "cpu", 1000, None) for i in range(1000)],
+        "more than the whole file",
+    ),
     # The same, each key named again with no elements: torch keeps the storage it made
     # the first time, so the later record must not lower the count.
-    "many-renamed": ([("storage", torch.FloatStorage, str(i // 2), "cpu", 1000 * (1 - i % 2), None)
-                      for i in range(2000)], "more than the whole file"),
+    "many-renamed": (
+        [
+            ("storage", torch.FloatStorage, str(i // 2), "cpu", 1000 * (1 - i % 2), None)
+            for i in range(2000)
+        ],
+        "more than the whole file",
+    ),
 }
 _ZIP_ONLY = {
     "legacy-record": (("storage", torch.FloatStorage, "0", "cpu", 4, None), _NOT_TORCH),
@@ -416,8 +452,11 @@ def _legacy_pid(pid):
     return pid
 
 
-@pytest.mark.parametrize("fmt,case", [("zip", c) for c in sorted({**_BAD_PIDS, **_ZIP_ONLY})]
-                         + [("legacy", c) for c in sorted({**_BAD_PIDS, **_LEGACY_ONLY})])
+@pytest.mark.parametrize(
+    "fmt,case",
+    [("zip", c) for c in sorted({**_BAD_PIDS, **_ZIP_ONLY})]
+    + [("legacy", c) for c in sorted({**_BAD_PIDS, **_LEGACY_ONLY})],
+)
 def test_persistent_ids_must_be_torch_storage_records(tmp_path, case, fmt):
     path = tmp_path / f"{case}.pt"
     if fmt == "zip":
@@ -434,9 +473,18 @@ def test_legacy_storage_without_data(tmp_path):
     """A storage the legacy format's key list leaves off would keep uninitialised memory."""
     buf = io.BytesIO()
     _PidPickler(buf, protocol=2).dump(
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_Pid(("storage", torch.FloatStorage, "7", "cpu", 4, None)), 0, (4,), (1,), False,
-               OrderedDict())))
+        _Call(
+            torch._utils._rebuild_tensor_v2,
+            (
+                _Pid(("storage", torch.FloatStorage, "7", "cpu", 4, None)),
+                0,
+                (4,),
+                (1,),
+                False,
+                OrderedDict(),
+            ),
+        )
+    )
     path = _legacy_file(tmp_path / "nodata.pt", buf.getvalue(), keys=())
     _refused(path, "storages whose data it does not contain")
 
@@ -453,9 +501,18 @@ def test_hand_built_zip_with_a_good_storage_record_loads(tmp_path):
     the records, not about hand-built files)."""
     buf = io.BytesIO()
     _PidPickler(buf, protocol=2).dump(
-        _Call(torch._utils._rebuild_tensor_v2,
-              (_Pid(("storage", torch.FloatStorage, "0", "cpu", 4)), 0, (4,), (1,), False,
-               OrderedDict())))
+        _Call(
+            torch._utils._rebuild_tensor_v2,
+            (
+                _Pid(("storage", torch.FloatStorage, "0", "cpu", 4)),
+                0,
+                (4,),
+                (1,),
+                False,
+                OrderedDict(),
+            ),
+        )
+    )
     data = numpy.arange(4, dtype="<f4").tobytes()
     path = _zip_file(tmp_path / "good.pt", buf.getvalue(), {"data/0": data})
     from spacy_lean.charlm import safe_torch
@@ -466,8 +523,11 @@ def test_hand_built_zip_with_a_good_storage_record_loads(tmp_path):
 
 def test_torchscript_archive_is_refused(tmp_path, marker):
     """torch.load hands TorchScript archives to torch.jit.load (code): refused first."""
-    path = _zip_file(tmp_path / "script.pt", pickle.dumps({}, protocol=2),
-                     {"constants.pkl": pickle.dumps((), protocol=2), "code/x.py": b"..."})
+    path = _zip_file(
+        tmp_path / "script.pt",
+        pickle.dumps({}, protocol=2),
+        {"constants.pkl": pickle.dumps((), protocol=2), "code/x.py": b"..."},
+    )
     _refused(path, "TorchScript")
 
 
@@ -512,12 +572,16 @@ def test_oversized_file(tmp_path, monkeypatch):
 
 def test_settings_must_match_the_tensors(tmp_path, checkpoint):
     """A file cannot make us build a model far larger than itself."""
-    for key, value in (("hidden_size", 10 ** 6), ("nlayers", 10 ** 6), ("embedding_size", 3),
-                       ("nout", 10 ** 6), ("hidden_size", "24")):
+    for key, value in (
+        ("hidden_size", 10**6),
+        ("nlayers", 10**6),
+        ("embedding_size", 3),
+        ("nout", 10**6),
+        ("hidden_size", "24"),
+    ):
         path = _save({**checkpoint, key: value}, tmp_path / "sizes.pt", "zip", 4)
         with pytest.raises(ValueError, match="sizes.pt"):
             CharLM.load(path)
-
 
 
 def test_zip_records_that_unpack_beyond_the_file(tmp_path):
@@ -532,7 +596,6 @@ def test_zip_records_that_unpack_beyond_the_file(tmp_path):
     _refused(path, "zip records would unpack to 2,000,", "more than the whole file")
 
 
-
 def test_expanded_tensors_cannot_make_a_model_far_larger_than_the_file(tmp_path, checkpoint):
     """An expanded tensor (stride 0) of any size fits in a storage of one element, so
     the settings-match-the-tensors check alone let a 4 KB file build a model of
@@ -543,11 +606,20 @@ def test_expanded_tensors_cannot_make_a_model_far_larger_than_the_file(tmp_path,
     def zeros(*shape):
         return torch.zeros(1).expand(*shape)
 
-    hostile = {**checkpoint, "hidden_size": size, "embedding_size": size, "state_dict": {
-        "encoder.weight": zeros(n_chars, size), "rnn.weight_ih_l0": zeros(4 * size, size),
-        "rnn.weight_hh_l0": zeros(4 * size, size), "rnn.bias_ih_l0": zeros(4 * size),
-        "rnn.bias_hh_l0": zeros(4 * size), "decoder.weight": zeros(n_chars, size),
-        "decoder.bias": zeros(n_chars)}}
+    hostile = {
+        **checkpoint,
+        "hidden_size": size,
+        "embedding_size": size,
+        "state_dict": {
+            "encoder.weight": zeros(n_chars, size),
+            "rnn.weight_ih_l0": zeros(4 * size, size),
+            "rnn.weight_hh_l0": zeros(4 * size, size),
+            "rnn.bias_ih_l0": zeros(4 * size),
+            "rnn.bias_hh_l0": zeros(4 * size),
+            "decoder.weight": zeros(n_chars, size),
+            "decoder.bias": zeros(n_chars),
+        },
+    }
     path = _save(hostile, tmp_path / "expanded.pt", "zip", 4)
     assert path.stat().st_size < 10_000
     _refused(path, "tensors would hold", "more than the whole file")
@@ -561,7 +633,6 @@ def test_every_tensor_must_match_the_model_before_it_is_built(tmp_path, checkpoi
     state = dict(checkpoint["state_dict"], **{"rnn.weight_ih_l0": torch.zeros(96, 1)})
     path = _save({**checkpoint, "state_dict": state}, tmp_path / "shapes.pt", "zip", 4)
     _refused(path, "do not match the tensor 'rnn.weight_ih_l0' ((96, 1)), the model's is (96, 8)")
-
 
 
 def test_bad_dictionary_or_settings_name_the_file(tmp_path, checkpoint):
@@ -594,9 +665,15 @@ def _swap_forward_lm(model_bytes: bytes, new: bytes) -> bytes:
 def test_hostile_pipeline_char_lm_weights(tmp_path, marker, checkpoint):
     torch.set_num_threads(1)
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"model": {
-        "forward_lm": str(DATA / "flairwritten-forward.pt"),
-        "backward_lm": str(DATA / "flairwritten-backward.pt")}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "model": {
+                "forward_lm": str(DATA / "flairwritten-forward.pt"),
+                "backward_lm": str(DATA / "flairwritten-backward.pt"),
+            }
+        },
+    )
     nlp.initialize()
     evil_lm = tmp_path / "evil-lm.pt"
     _save(_nest(checkpoint, "dictionary", _System(marker)), evil_lm, "zip", 4)
@@ -632,8 +709,15 @@ def test_hostile_train_charlm_resume(tmp_path, marker):
     text.write_text("abc def ghi\n" * 50, encoding="utf8")
     run = tmp_path / "run"
     run.mkdir()
-    tiny = dict(hidden_size=8, embedding_size=4, bptt=10, batch_size=2, gpu_id=-1,
-                progress=False, max_steps=2)
+    tiny = dict(
+        hidden_size=8,
+        embedding_size=4,
+        bptt=10,
+        batch_size=2,
+        gpu_id=-1,
+        progress=False,
+        max_steps=2,
+    )
     # A hostile training state (zip and plain pickle).
     shutil.copy(FLAIR_FILE, run / MODEL_FILE)
     torch.save({"version": TRAIN_STATE_VERSION, "x": _System(marker)}, run / STATE_FILE)
@@ -664,8 +748,17 @@ def test_hostile_resume_through_the_cli(tmp_path, marker):
     shutil.copy(FLAIR_FILE, run / MODEL_FILE)
     with (run / STATE_FILE).open("wb") as file_:
         pickle.dump(_System(marker), file_, protocol=2)
-    args = ["lean", "train-charlm", str(text), str(run), "--resume", "--gpu-id", "-1",
-            "--threads", "1"]
+    args = [
+        "lean",
+        "train-charlm",
+        str(text),
+        str(run),
+        "--resume",
+        "--gpu-id",
+        "-1",
+        "--threads",
+        "1",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
     assert "Refusing to load" in result.output and STATE_FILE in result.output
@@ -677,8 +770,14 @@ def test_encoded_text_refuses_object_ids(tmp_path):
     """The encoded corpus of a run is memory-mapped with the dtype in its metadata:
     an object dtype would read file bytes as pointers."""
     (tmp_path / "ids.bin").write_bytes(b"A" * 64)
-    meta = {"format": "spacy-lean.charlm-ids.v1", "dtype": "object", "n_chars": 8,
-            "vocab_size": 3, "dictionary": "x", "sources": []}
+    meta = {
+        "format": "spacy-lean.charlm-ids.v1",
+        "dtype": "object",
+        "n_chars": 8,
+        "vocab_size": 3,
+        "dictionary": "x",
+        "sources": [],
+    }
     (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
     with pytest.raises(ValueError, match="Unsupported id dtype 'object'"):
         EncodedText(tmp_path)
@@ -693,13 +792,27 @@ def test_encoded_text_sizes_must_match_the_id_file(tmp_path):
     non-integer or wrong one (or an id file that is not what it says) is refused with
     an error naming the files, which train-charlm answers by encoding the text again."""
     (tmp_path / "ids.bin").write_bytes(b"\x01" * 16)
-    meta = {"format": "spacy-lean.charlm-ids.v1", "dtype": "uint16", "n_chars": 8,
-            "vocab_size": 3, "dictionary": "x", "sources": []}
+    meta = {
+        "format": "spacy-lean.charlm-ids.v1",
+        "dtype": "uint16",
+        "n_chars": 8,
+        "vocab_size": 3,
+        "dictionary": "x",
+        "sources": [],
+    }
     (tmp_path / "ids.json").write_text(srsly.json_dumps(meta), encoding="utf8")
     assert len(EncodedText(tmp_path)) == 8
-    for key, value in (("n_chars", -5), ("n_chars", 0), ("n_chars", 10 ** 30), ("n_chars", 9),
-                       ("n_chars", 7), ("n_chars", 8.0), ("n_chars", "8"), ("vocab_size", -1),
-                       ("vocab_size", None)):
+    for key, value in (
+        ("n_chars", -5),
+        ("n_chars", 0),
+        ("n_chars", 10**30),
+        ("n_chars", 9),
+        ("n_chars", 7),
+        ("n_chars", 8.0),
+        ("n_chars", "8"),
+        ("vocab_size", -1),
+        ("vocab_size", None),
+    ):
         (tmp_path / "ids.json").write_text(json.dumps({**meta, key: value}), encoding="utf8")
         with pytest.raises(ValueError, match="ids.json") as info:
             EncodedText(tmp_path)

@@ -1,5 +1,6 @@
 """spaCy integration: the `spacy-lean.CharLMEmbed.v1` layer, the `char_lm` component,
 and the memory they keep (weakref release tests)."""
+
 import gc
 import json
 import shutil
@@ -82,8 +83,11 @@ def test_embedder_with_grad_keeps_autograd_then_frees(docs):
     vectors, _ = CharLMEmbedder(*lms, batch_size=8)(docs, grad=True)
     assert vectors.requires_grad
     vectors.square().sum().backward()
-    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0
-               for lm in lms for p in lm.rnn.parameters())
+    assert all(
+        p.grad is not None and float(p.grad.abs().sum()) > 0
+        for lm in lms
+        for p in lm.rnn.parameters()
+    )
     del vectors
     assert _alive(refs) == 0
 
@@ -101,8 +105,9 @@ def test_layer_frozen_frees_hidden_states_in_training_too(lm_paths, docs):
 
 
 def test_layer_fine_tune_keeps_autograd_and_frees_after_backprop(lm_paths, docs):
-    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]),
-                                  fine_tune=True)
+    model = build_charlm_embed_v1(
+        str(lm_paths["forward"]), str(lm_paths["backward"]), fine_tune=True
+    )
     model.initialize()
     pair = get_pair(model)
     before = pair.forward_lm.rnn.weight_hh_l0.detach().clone()
@@ -118,8 +123,15 @@ def test_layer_fine_tune_keeps_autograd_and_frees_after_backprop(lm_paths, docs)
 
 def test_component_keeps_a_compact_copy_per_doc(lm_paths, docs):
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"model": {
-        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"])}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "model": {
+                "forward_lm": str(lm_paths["forward"]),
+                "backward_lm": str(lm_paths["backward"]),
+            }
+        },
+    )
     nlp.initialize()
     pair = get_pair(nlp.get_pipe("char_lm").model)
     refs, _ = _watch_hidden_states([pair.forward_lm, pair.backward_lm])
@@ -139,8 +151,13 @@ def test_component_keeps_a_compact_copy_per_doc(lm_paths, docs):
 
 def test_component_extension_store_and_lazy_load(lm_paths, docs):
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"store": "charlm_vectors", "model": {
-        "forward_lm": str(lm_paths["forward"]), "backward_lm": None}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "store": "charlm_vectors",
+            "model": {"forward_lm": str(lm_paths["forward"]), "backward_lm": None},
+        },
+    )
     doc = nlp(docs[0])  # no nlp.initialize(): the checkpoint is read on first use
     assert doc._.charlm_vectors.shape == (len(doc), 64)
     assert doc.tensor.size == 0
@@ -150,8 +167,15 @@ def test_component_extension_store_and_lazy_load(lm_paths, docs):
 
 def test_component_round_trips_without_the_checkpoints(lm_paths, docs, tmp_path):
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"model": {
-        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"])}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "model": {
+                "forward_lm": str(lm_paths["forward"]),
+                "backward_lm": str(lm_paths["backward"]),
+            }
+        },
+    )
     nlp.initialize()
     expected = nlp(docs[3]).tensor.copy()
     data = nlp.to_bytes()
@@ -232,7 +256,9 @@ def _charlm_layer(nlp):
 
 
 @pytest.mark.parametrize("fine_tune", [False, True])
-def test_ner_trains_and_serialises_with_charlm_tok2vec(lm_paths, ner_docs, tmp_path, fine_tune, seed=0):
+def test_ner_trains_and_serialises_with_charlm_tok2vec(
+    lm_paths, ner_docs, tmp_path, fine_tune, seed=0
+):
     # Seeded: the weights' initialisation must not depend on what earlier tests left in
     # the global random states (unseeded, 1 run in ~10 diverged at learn rate 0.01).
     fix_random_seed(seed)
@@ -255,15 +281,17 @@ def test_ner_trains_and_serialises_with_charlm_tok2vec(lm_paths, ner_docs, tmp_p
 
     texts = [d.text for d in ner_docs[10:14]]
     before = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in nlp.pipe(texts)]
-    tok2vec_before = nlp.get_pipe("ner").model.get_ref("tok2vec").predict(
-        [nlp.make_doc(t) for t in texts])
+    tok2vec_before = (
+        nlp.get_pipe("ner").model.get_ref("tok2vec").predict([nlp.make_doc(t) for t in texts])
+    )
     nlp.to_disk(tmp_path / "ner")
     for path in lm_paths.values():
         path.unlink()  # the LM weights travel inside the pipeline, not as a path
     loaded = spacy.load(tmp_path / "ner")
     after = [[(e.start, e.end, e.label_) for e in doc.ents] for doc in loaded.pipe(texts)]
-    tok2vec_after = loaded.get_pipe("ner").model.get_ref("tok2vec").predict(
-        [loaded.make_doc(t) for t in texts])
+    tok2vec_after = (
+        loaded.get_pipe("ner").model.get_ref("tok2vec").predict([loaded.make_doc(t) for t in texts])
+    )
     assert after == before
     for a, b in zip(tok2vec_before, tok2vec_after):
         assert numpy.allclose(a, b, atol=1e-6)
@@ -324,8 +352,9 @@ maxout_pieces = 2
 
 def test_inside_a_spacy_tok2vec_next_to_hash_embeddings(lm_paths, docs):
     config = spacy.util.load_config_from_str(
-        TOK2VEC_CONFIG.replace("FORWARD", str(lm_paths["forward"]))
-        .replace("BACKWARD", str(lm_paths["backward"]))
+        TOK2VEC_CONFIG.replace("FORWARD", str(lm_paths["forward"])).replace(
+            "BACKWARD", str(lm_paths["backward"])
+        )
     )
     model = registry.resolve(config)["model"]
     model.initialize(X=docs[:4])
@@ -341,8 +370,13 @@ def test_component_from_bytes_and_disk_use_the_saved_store(lm_paths, docs, tmp_p
     """The loaded cfg says where the vectors go, and the component puts them there (it
     wrote doc.tensor while its cfg said the extension)."""
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"store": "charlm_saved_store", "model": {
-        "forward_lm": str(lm_paths["forward"]), "backward_lm": None}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "store": "charlm_saved_store",
+            "model": {"forward_lm": str(lm_paths["forward"]), "backward_lm": None},
+        },
+    )
     nlp.initialize()
     expected = nlp(docs[2])._.charlm_saved_store
     nlp.to_disk(tmp_path / "pipeline")
@@ -362,8 +396,9 @@ def test_component_from_bytes_and_disk_use_the_saved_store(lm_paths, docs, tmp_p
 def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
     """A training batch whose docs have no tokens: nothing ran through the LMs, so
     there is nothing to backpropagate (torch raised 'does not require grad')."""
-    model = build_charlm_embed_v1(str(lm_paths["forward"]), str(lm_paths["backward"]),
-                                  fine_tune=True)
+    model = build_charlm_embed_v1(
+        str(lm_paths["forward"]), str(lm_paths["backward"]), fine_tune=True
+    )
     model.initialize()
     empty = Doc(docs[0].vocab, words=[])
     for batch in ([empty], [empty, empty], [empty, docs[1]]):
@@ -376,8 +411,14 @@ def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
 # and "  " tokens), one token longer than a chunk, emoji (astral plane), combining
 # marks, characters unknown to the LM, "İ" (two characters lowercased), CJK.
 MESSY_TEXTS = [
-    "Ada met Bo.", "", "\n\n", "  ", "   \n  \t ", "a" * 40,
-    "Héllo 👋🏽 wörld e\u0301 𝔘𝔫𝔦 İstanbul", "Ünknown ψ ß 中文\u200b",
+    "Ada met Bo.",
+    "",
+    "\n\n",
+    "  ",
+    "   \n  \t ",
+    "a" * 40,
+    "Héllo 👋🏽 wörld e\u0301 𝔘𝔫𝔦 İstanbul",
+    "Ünknown ψ ß 中文\u200b",
     "word\n\nnext  word   end  ",
 ]
 
@@ -409,9 +450,17 @@ def test_messy_docs_one_row_per_token_alone_batched_and_chunked(tokenized_lm, is
 
 def test_component_on_messy_docs_pipe_batch_size_1_and_all_empty(lm_paths):
     nlp = spacy.blank("en")
-    nlp.add_pipe("char_lm", config={"store": "charlm_messy", "model": {
-        "forward_lm": str(lm_paths["forward"]), "backward_lm": str(lm_paths["backward"]),
-        "max_chunk_chars": 16}})
+    nlp.add_pipe(
+        "char_lm",
+        config={
+            "store": "charlm_messy",
+            "model": {
+                "forward_lm": str(lm_paths["forward"]),
+                "backward_lm": str(lm_paths["backward"]),
+                "max_chunk_chars": 16,
+            },
+        },
+    )
     nlp.initialize()
     alone = [nlp(t)._.charlm_messy for t in MESSY_TEXTS]
     for batch_size in (1, 4, 100):

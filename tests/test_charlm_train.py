@@ -1,5 +1,6 @@
 """Training a character LM: the loss falls, checkpoints are Flair-format, resume
 after an interruption is bitwise identical on CPU, and the CLI works."""
+
 import shutil
 
 import pytest
@@ -13,7 +14,12 @@ from spacy_lean.charlm.train import MODEL_FILE, STATE_FILE, train_charlm
 
 # A tiny LSTM: a few hundred steps take about a second on one CPU thread.
 TINY = dict(
-    hidden_size=32, embedding_size=16, bptt=30, batch_size=8, gpu_id=-1, progress=False,
+    hidden_size=32,
+    embedding_size=16,
+    bptt=30,
+    batch_size=8,
+    gpu_id=-1,
+    progress=False,
 )
 
 
@@ -36,8 +42,14 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 @pytest.mark.parametrize("forward", [True, False])
 def test_loss_falls(text_file, tmp_path, forward):
     result = train_charlm(
-        [text_file], tmp_path, is_forward_lm=forward, lr=20.0, max_epochs=3, max_steps=240,
-        log_every=20, **TINY,
+        [text_file],
+        tmp_path,
+        is_forward_lm=forward,
+        lr=20.0,
+        max_epochs=3,
+        max_steps=240,
+        log_every=20,
+        **TINY,
     )
     assert result.step == 240
     first, last = result.losses[0][1], result.losses[-1][1]
@@ -63,8 +75,14 @@ def test_resume_after_interruption_is_bitwise_identical(text_file, tmp_path, whe
     """Adam (its state matters), 2 layers, dropout, random sequence lengths;
     interrupted in the first epoch, exactly after its last batch, or in the second."""
     kwargs = dict(
-        nlayers=2, dropout=0.2, optimizer="adam", lr=0.01, max_epochs=3, log_every=10,
-        checkpoint_every=25, **TINY,
+        nlayers=2,
+        dropout=0.2,
+        optimizer="adam",
+        lr=0.01,
+        max_epochs=3,
+        log_every=10,
+        checkpoint_every=25,
+        **TINY,
     )
     full = train_charlm([text_file], tmp_path / "full", max_steps=160, **kwargs)
     encoded = EncodedText(tmp_path / "full" / "corpus")
@@ -96,8 +114,13 @@ def test_dev_text_is_evaluated_at_checkpoints_and_best_model_kept(text_file, tmp
     dev = tmp_path / "dev.txt"
     dev.write_text("\n".join(synthetic.generated_sentences(40, seed=99)) + "\n", encoding="utf8")
     result = train_charlm(
-        [text_file], tmp_path / "run", max_steps=150, max_epochs=2, checkpoint_every=50,
-        dev_texts=[dev], **TINY,
+        [text_file],
+        tmp_path / "run",
+        max_steps=150,
+        max_epochs=2,
+        checkpoint_every=50,
+        dev_texts=[dev],
+        **TINY,
     )
     assert [step for step, _ in result.dev_losses] == [50, 100, 150]
     losses = [loss for _, loss in result.dev_losses]
@@ -164,9 +187,26 @@ def test_cli_trains_and_resumes(text_file, tmp_path):
 
     out = tmp_path / "cli"
     args = [
-        "lean", "train-charlm", str(text_file), str(out), "--direction", "backward",
-        "--hidden-size", "16", "--embedding-size", "8", "--bptt", "20", "-b", "4",
-        "--gpu-id", "-1", "--threads", "1", "--log-every", "5",
+        "lean",
+        "train-charlm",
+        str(text_file),
+        str(out),
+        "--direction",
+        "backward",
+        "--hidden-size",
+        "16",
+        "--embedding-size",
+        "8",
+        "--bptt",
+        "20",
+        "-b",
+        "4",
+        "--gpu-id",
+        "-1",
+        "--threads",
+        "1",
+        "--log-every",
+        "5",
     ]
     runner = CliRunner()
     result = runner.invoke(app, args + ["--max-steps", "10"])

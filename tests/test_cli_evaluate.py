@@ -1,5 +1,6 @@
 """`spacy lean evaluate MODEL DATA`: output like `spacy evaluate`, data formats, bad
 input, checkpoints and out-of-memory back-off, run through the real CLI app."""
+
 import pytest
 import spacy
 import srsly
@@ -77,7 +78,9 @@ def test_folder_of_shards_per_component(model_dir, shard_dir, tmp_path):
     from spacy.training import Corpus
 
     out = tmp_path / "scores.json"
-    result = lean_evaluate(model_dir, shard_dir, "-o", out, "--per-component", "-b", "4", "--no-progress")
+    result = lean_evaluate(
+        model_dir, shard_dir, "-o", out, "--per-component", "-b", "4", "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     nlp = spacy.load(model_dir)
     expected = nlp.evaluate(list(Corpus(shard_dir)(nlp)), per_component=True)
@@ -172,9 +175,13 @@ def test_gpu_id_without_a_gpu_is_a_message_not_a_traceback(model_dir, shard_dir)
     assert "--gpu-id 0" in result.output and "--gpu-id -1" in result.output
 
 
-def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner_corpus, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_with_the_same_numbers(
+    model_dir, shard_dir, ner_corpus, tmp_path, monkeypatch
+):
     full = tmp_path / "full.json"
-    assert lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0
+    assert (
+        lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0
+    )
 
     ckpt = tmp_path / "ckpt.json"
     real_window = StreamingEvaluator._evaluate_window
@@ -208,7 +215,11 @@ def test_interrupted_run_resumes_with_the_same_numbers(model_dir, shard_dir, ner
     assert f"All {total} examples were evaluated by an earlier run" in again.output
 
     other = lean_evaluate(model_dir, ner_corpus["dev"], *args)
-    assert other.exit_code == 1 and "other data" in other.output and "refusing to resume" in other.output
+    assert (
+        other.exit_code == 1
+        and "other data" in other.output
+        and "refusing to resume" in other.output
+    )
 
 
 def test_resume_honours_this_runs_per_component_setting(model_dir, shard_dir, tmp_path):
@@ -248,7 +259,9 @@ class _OOMAbove:
 
 def test_token_budget_option(model_dir, shard_dir, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", "150", "-o", a, "--no-progress")
+    result = lean_evaluate(
+        model_dir, shard_dir, "--max-batch-tokens", "150", "-o", a, "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     assert "batches of at most 150 padded tokens" in result.output
     assert "windows of at most 1,200 tokens" in result.output  # 8 batches' worth
@@ -256,7 +269,9 @@ def test_token_budget_option(model_dir, shard_dir, tmp_path):
     assert without_speed(srsly.read_json(a)) == without_speed(srsly.read_json(b))
     for bad in ("0", "-3"):
         result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", bad)
-        assert result.exit_code == 1 and f"--max-batch-tokens must be >= 1, got {bad}" in result.output
+        assert (
+            result.exit_code == 1 and f"--max-batch-tokens must be >= 1, got {bad}" in result.output
+        )
     result = lean_evaluate(model_dir, shard_dir, "--max-batch-tokens", "lots")
     assert result.exit_code != 0 and "Traceback" not in result.output
 

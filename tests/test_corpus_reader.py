@@ -499,8 +499,14 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         ({"text": "y z", "entities": [[0, 1.5, "X"]]}, r"whole-number character offsets"),
         ({"text": "y", "entities": [{"start": 0, "label": "X"}]}, r"must be \[start, end, label\]"),
     ],
-    ids=["token-without-text", "tokens-not-a-list", "cat-not-a-number", "offset-not-a-number",
-         "offset-not-whole", "offset-missing"],
+    ids=[
+        "token-without-text",
+        "tokens-not-a-list",
+        "cat-not-a-number",
+        "offset-not-a-number",
+        "offset-not-whole",
+        "offset-missing",
+    ],
 )
 def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):
     """Records of the wrong shape came out as a bare KeyError traceback ("tokens"
@@ -747,12 +753,15 @@ def test_max_length_loses_nothing_on_messy_docs(nlp, tmp_path, max_length):
             assert set(p.spans) == set(doc.spans) and p.cats == doc.cats
             for key, group in p.spans.items():
                 spans.setdefault(key, []).extend(
-                    (s.start + offset, s.end + offset, s.label_) for s in group)
+                    (s.start + offset, s.end + offset, s.label_) for s in group
+                )
             offset += len(p)
         assert {k: sorted(v) for k, v in spans.items()} == {
-            k: sorted(v) for k, v in want["spans"].items()}
+            k: sorted(v) for k, v in want["spans"].items()
+        }
         for p in got:  # longer only to keep an entity or a span whole
-            longest = max([len(s) for g in p.spans.values() for s in g] + [len(e) for e in p.ents],
-                          default=0)
+            longest = max(
+                [len(s) for g in p.spans.values() for s in g] + [len(e) for e in p.ents], default=0
+            )
             assert len(p) <= max(max_length, longest)
     assert next(pieces, None) is None

@@ -1,5 +1,6 @@
 """Evaluation across workers: 2 spawned CPU processes and a local Ray cluster give
 the numbers of one process; a worker that dies has its shards retried, counted once."""
+
 import functools
 
 import pytest
@@ -33,7 +34,7 @@ from spacy.cli._util import app  # noqa: E402
 
 # A component that kills its worker process the first time it sees a doc (the marker
 # file says it already did), like a worker lost to a crash or a pre-empted node.
-CRASH_ONCE_CODE = '''
+CRASH_ONCE_CODE = """
 import os
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class CrashOnce:
             Path(self.marker).write_text(str(os.getpid()))
             os._exit(3)
         return doc
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,16 @@ def test_dead_worker_is_retried_and_counted_once(model_dir, code_file, shard_dir
     model = with_crash_once(model_dir, code_file, tmp_path / "crashed", tmp_path / "model")
     expected = single_process(model_dir, shard_dir)
     out = tmp_path / "scores.json"
-    args = ["lean", "evaluate", str(model), str(shard_dir), "--workers", "2", "--code", str(code_file)]
+    args = [
+        "lean",
+        "evaluate",
+        str(model),
+        str(shard_dir),
+        "--workers",
+        "2",
+        "--code",
+        str(code_file),
+    ]
     result = CliRunner().invoke(app, args + ["-o", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "crashed").exists()
@@ -142,7 +152,9 @@ def test_dead_worker_is_retried_and_counted_once(model_dir, code_file, shard_dir
 def test_worker_that_keeps_dying_fails_with_a_message(model_dir, code_file, shard_dir, tmp_path):
     model = with_crash_once(model_dir, code_file, tmp_path / "crashed", tmp_path / "model")
     with pytest.raises(WorkerDiedError, match="raise --max-retries"):
-        evaluate_distributed(model, list_shards(shard_dir)[:1], workers=1, max_retries=0, code_path=code_file)
+        evaluate_distributed(
+            model, list_shards(shard_dir)[:1], workers=1, max_retries=0, code_path=code_file
+        )
 
 
 @pytest.mark.skipif(not has_ray, reason="needs ray (pip install 'spacy-lean[ray]')")
@@ -155,7 +167,12 @@ def test_ray_local_cluster_equals_one_process(model_dir, code_file, ner_corpus, 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         ours = evaluate_distributed(
-            model, ner_corpus["dev"], workers=2, backend="ray", code_path=code_file, batch_size=8,
+            model,
+            ner_corpus["dev"],
+            workers=2,
+            backend="ray",
+            code_path=code_file,
+            batch_size=8,
             on_retry=lambda units, why: retries.append((units, why)),
         )
     finally:
@@ -195,7 +212,9 @@ def test_worker_keeps_to_the_token_budget(model_dir, shard_dir, tmp_path, budget
     shard = list_shards(shard_dir)[0]
     longest = max(len(eg.reference) for eg in read_examples(nlp, [shard]))
     PADDED_SIZES.clear()
-    result = evaluate_unit(EvalUnit(0, shard), WorkerSettings(model=str(path), max_batch_tokens=budget))
+    result = evaluate_unit(
+        EvalUnit(0, shard), WorkerSettings(model=str(path), max_batch_tokens=budget)
+    )
     assert result.n_examples == 6 and PADDED_SIZES
     if budget is None:
         assert max(PADDED_SIZES) > 60  # the default budget lets batches grow past 60
@@ -207,7 +226,9 @@ def test_worker_keeps_to_the_token_budget(model_dir, shard_dir, tmp_path, budget
 def test_cli_passes_the_token_budget_to_workers(model_dir, shard_dir, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     args = ["lean", "evaluate", str(model_dir), str(shard_dir), "--no-progress"]
-    result = CliRunner().invoke(app, args + ["--max-batch-tokens", "100", "--workers", "2", "-o", str(a)])
+    result = CliRunner().invoke(
+        app, args + ["--max-batch-tokens", "100", "--workers", "2", "-o", str(a)]
+    )
     assert result.exit_code == 0, result.output
     assert "Memory budget per worker: batches of at most 100 padded tokens" in result.output
     assert CliRunner().invoke(app, args + ["-o", str(b)]).exit_code == 0
@@ -233,7 +254,7 @@ def test_checkpoint_resumes_with_the_data_path_given_another_way(
 
 # A component that stops its worker with a KeyboardInterrupt (as Ctrl-C does) the first
 # time it sees a doc of the given text (the marker file says it already did).
-INTERRUPT_ONCE_CODE = '''
+INTERRUPT_ONCE_CODE = """
 from pathlib import Path
 
 from spacy.language import Language
@@ -255,7 +276,7 @@ class InterruptOnce:
             Path(self.marker).write_text("")
             raise KeyboardInterrupt()
         return doc
-'''
+"""
 
 
 def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tmp_path):
@@ -276,8 +297,19 @@ def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tm
     docs = list(DocBin().from_disk(data / "z.spacy").get_docs(nlp.vocab))
     DocBin(docs=docs + [nlp.make_doc("Ctrl-C pressed here .")]).to_disk(data / "z.spacy")
     ckpt = tmp_path / "ckpt.json"
-    args = ["lean", "evaluate", str(tmp_path / "model"), str(data), "-w", "2", "--code", str(code),
-            "--checkpoint", str(ckpt), "--no-progress"]
+    args = [
+        "lean",
+        "evaluate",
+        str(tmp_path / "model"),
+        str(data),
+        "-w",
+        "2",
+        "--code",
+        str(code),
+        "--checkpoint",
+        str(ckpt),
+        "--no-progress",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 130 and "resume" in result.output, result.output
     # Saved on the interrupt, although --checkpoint-every (50 shards) was not reached.
@@ -292,7 +324,7 @@ def test_interrupted_workers_keep_their_finished_shards(model_dir, shard_dir, tm
 
 # A --code file that logs, from every process but the test's own, the heap-trimming
 # policy of each evaluator built and each trim asked for (glibc's trim is not run).
-TRIM_LOG_CODE = '''
+TRIM_LOG_CODE = """
 import json
 import os
 
@@ -322,7 +354,7 @@ if not getattr(streaming.StreamingEvaluator, "_trim_logged", False):
     streaming.StreamingEvaluator.__init__ = init
     streaming.StreamingEvaluator._trim_logged = True
     memory.trim_host_memory = trim
-'''
+"""
 
 
 @pytest.fixture
@@ -355,10 +387,12 @@ def read_trim_log(log):
     return built, [e for e in entries if e.get("trim")]
 
 
-@pytest.mark.parametrize("option,policy", [("--trim-slack-mb=16", (True, 16)),
-                                           ("--no-trim-heap", (False, 0))])
-def test_cli_passes_the_trim_setting_to_workers(model_dir, shard_dir, tmp_path, monkeypatch,
-                                                option, policy):
+@pytest.mark.parametrize(
+    "option,policy", [("--trim-slack-mb=16", (True, 16)), ("--no-trim-heap", (False, 0))]
+)
+def test_cli_passes_the_trim_setting_to_workers(
+    model_dir, shard_dir, tmp_path, monkeypatch, option, policy
+):
     """What `--workers 2` hands its workers (`WorkerSettings`) builds every unit's
     evaluator with the command's heap trimming. The units run here, one after the
     other, through `evaluate_unit`, as a worker process runs them (fast; the real
@@ -436,8 +470,22 @@ def test_ray_actors_trim_as_the_cli_says(model_dir, shard_dir, tmp_path, trim_lo
 
     code, log = trim_log
     out = tmp_path / "scores.json"
-    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "-w", "2", "--backend", "ray",
-            "--code", str(code), "--no-trim-heap", "-o", str(out), "--no-progress"]
+    args = [
+        "lean",
+        "evaluate",
+        str(model_dir),
+        str(shard_dir),
+        "-w",
+        "2",
+        "--backend",
+        "ray",
+        "--code",
+        str(code),
+        "--no-trim-heap",
+        "-o",
+        str(out),
+        "--no-progress",
+    ]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         result = CliRunner().invoke(app, args)

@@ -100,8 +100,11 @@ def docs_equal(ours: Doc, theirs: Doc) -> None:
     assert ours.to_bytes() == theirs.to_bytes()
     assert ours.has_unknown_spaces == theirs.has_unknown_spaces
     assert ours.cats == theirs.cats
-    assert [(k, [(s.start, s.end, s.label_, s.kb_id_, s.id_) for s in g]) for k, g in ours.spans.items()] == [
-        (k, [(s.start, s.end, s.label_, s.kb_id_, s.id_) for s in g]) for k, g in theirs.spans.items()
+    assert [
+        (k, [(s.start, s.end, s.label_, s.kb_id_, s.id_) for s in g]) for k, g in ours.spans.items()
+    ] == [
+        (k, [(s.start, s.end, s.label_, s.kb_id_, s.id_) for s in g])
+        for k, g in theirs.spans.items()
     ]
     assert [(e.start, e.end, e.label_, e.kb_id_, e.id_) for e in ours.ents] == [
         (e.start, e.end, e.label_, e.kb_id_, e.id_) for e in theirs.ents
@@ -189,7 +192,9 @@ def test_strings_go_to_the_vocab_as_docbin_puts_them(rich_file):
     assert len(ours) == len(theirs)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.integers(min_value=0, max_value=30), max_size=12), st.integers(0, 2**16))
 def test_random_docs_equal_docbins(tmp_path, lengths, seed):
     _install_extensions()
@@ -307,7 +312,9 @@ def test_parts_cover_a_file_once(tmp_path):
         parts = [[d.text for d in iter_shard_docs(path, nlp.vocab, part=(k, n))] for k in range(n)]
         assert [t for p in parts for t in p] == whole
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
-    examples = [eg.reference.text for k in range(3) for eg in read_examples(nlp, [path], part=(k, 3))]
+    examples = [
+        eg.reference.text for k in range(3) for eg in read_examples(nlp, [path], part=(k, 3))
+    ]
     assert examples == [d for d in whole if d]
     with pytest.raises(ValueError, match="part must be"):
         next(iter_shard_docs(path, nlp.vocab, part=(3, 3)))

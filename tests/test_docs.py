@@ -9,6 +9,7 @@
   every options table of a `spacy lean` command lists exactly the real settings / flags, with
   the real defaults where a cell holds a plain value.
 """
+
 import configparser
 import re
 import subprocess
@@ -88,8 +89,16 @@ def _is_external(target):
 def test_pages_exist():
     names = {p.name for p in DOCS.glob("*.md")}
     expected = {
-        "lean_cleaner.md", "evaluation.md", "scoring.md", "corpus.md", "charlm.md",
-        "charlm_training.md", "distributed.md", "training.md", "project.md", "benchmarks.md",
+        "lean_cleaner.md",
+        "evaluation.md",
+        "scoring.md",
+        "corpus.md",
+        "charlm.md",
+        "charlm_training.md",
+        "distributed.md",
+        "training.md",
+        "project.md",
+        "benchmarks.md",
         "security.md",
     }
     assert expected <= names, f"missing pages: {sorted(expected - names)}"
@@ -130,11 +139,16 @@ def test_relative_links_resolve(page):
 
 def test_github_slug():
     assert github_slug("`spacy lean evaluate MODEL DATA`") == "spacy-lean-evaluate-model-data"
-    assert github_slug("Scores that merge (`spacy_lean.scoring`)") == "scores-that-merge-spacy_leanscoring"
+    assert (
+        github_slug("Scores that merge (`spacy_lean.scoring`)")
+        == "scores-that-merge-spacy_leanscoring"
+    )
     assert github_slug("Measured: loader memory on a 100 MB text") == (
         "measured-loader-memory-on-a-100-mb-text"
     )
-    assert github_slug("In `spacy train` and `spacy evaluate`") == "in-spacy-train-and-spacy-evaluate"
+    assert (
+        github_slug("In `spacy train` and `spacy evaluate`") == "in-spacy-train-and-spacy-evaluate"
+    )
 
 
 def test_link_checker_finds_broken_links(tmp_path):
@@ -216,7 +230,10 @@ def _charts():
     try:
         listed = subprocess.run(
             ["git", "ls-files", "--", "benchmarks/results/*.png"],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
         listed = None
@@ -234,7 +251,9 @@ def test_every_chart_is_shown():
             if not _is_external(target) and target.endswith(".png"):
                 shown.add((page.parent / target.partition("#")[0]).resolve())
     missing = [str(c.relative_to(ROOT)) for c in charts if c.resolve() not in shown]
-    assert not missing, f"charts shown on no page (add them, with a caption, where their figures are): {missing}"
+    assert (
+        not missing
+    ), f"charts shown on no page (add them, with a caption, where their figures are): {missing}"
 
 
 # --- the pages against the code ---------------------------------------------------------
@@ -358,15 +377,19 @@ def test_settings_tables_match_the_signatures():
             assert name in SETTINGS_TABLES, f"{name}: add its settings table to SETTINGS_TABLES"
             module, attr = target.split(":")
             params = {
-                p.name: p for p in
-                inspect.signature(getattr(importlib.import_module(module), attr)).parameters.values()
+                p.name: p
+                for p in inspect.signature(
+                    getattr(importlib.import_module(module), attr)
+                ).parameters.values()
                 if p.name not in ("nlp", "name")
             }
             if SETTINGS_TABLES[name] is None:
                 assert not params, f"{name} takes settings now: document them"
                 continue
             page, anchor = SETTINGS_TABLES[name]
-            defaults = Language.get_factory_meta(name).default_config if group == "spacy_factories" else {}
+            defaults = (
+                Language.get_factory_meta(name).default_config if group == "spacy_factories" else {}
+            )
             documented = {}
             for cells in _table_after(page, anchor, "| Setting"):
                 for setting in re.findall(r"`(\w+)`", cells[0]):
@@ -381,7 +404,9 @@ def test_settings_tables_match_the_signatures():
                 if real is inspect.Parameter.empty:
                     continue
                 value, comparable = _doc_default(documented[setting])
-                if comparable and value != (list(real) if isinstance(real, (list, tuple)) else real):
+                if comparable and value != (
+                    list(real) if isinstance(real, (list, tuple)) else real
+                ):
                     problems.append(
                         f"{name}: `{setting}` defaults to {real!r}; {page} says {documented[setting]}"
                     )
@@ -429,7 +454,9 @@ def test_command_options_tables_match_the_cli():
             cells, listed = matching[0]
             missing = [f for f in flags if f not in listed]
             if missing:
-                problems.append(f"spacy lean {command_name} {flags[0]}: {page} does not list {missing}")
+                problems.append(
+                    f"spacy lean {command_name} {flags[0]}: {page} does not list {missing}"
+                )
             doc = cells[2].strip("` ")
             if param.is_flag:
                 real = "on" if param.default else "off"
@@ -450,5 +477,7 @@ def test_command_options_tables_match_the_cli():
         for listed in flags_of_rows:
             for flag in listed:
                 if flag not in real_flags and not flag.startswith("--section"):
-                    problems.append(f"spacy lean {command_name}: {page} lists {flag}, which it lacks")
+                    problems.append(
+                        f"spacy lean {command_name}: {page} lists {flag}, which it lacks"
+                    )
     assert not problems, "\n".join(problems)

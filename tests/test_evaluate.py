@@ -1,5 +1,6 @@
 """The streaming evaluation loop: parity with `nlp.evaluate`, bounded memory,
 out-of-memory back-off, checkpoints, and the `[nlp.after_pipeline_creation]` callback."""
+
 import functools
 import gc
 import json
@@ -49,7 +50,9 @@ def gold_docs():
 def test_parity_with_nlp_evaluate(trf_ner_nlp, gold_docs, window_size):
     expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=4)
     assert expected["ents_per_type"]
-    ours = evaluate(trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs), batch_size=4, window_size=window_size)
+    ours = evaluate(
+        trf_ner_nlp, fresh_examples(trf_ner_nlp, gold_docs), batch_size=4, window_size=window_size
+    )
     assert_same_scores(ours, expected)
 
 
@@ -226,7 +229,9 @@ def test_batches_and_windows_respect_the_token_budget(trf_ner_nlp, gold_docs, wi
     assert sorted(n for batch in batches for n in batch) == sorted(lengths)  # each doc once
     assert all(len(batch) <= 6 for batch in batches)
     assert all(len(batch) == 1 or len(batch) * max(batch) <= budget for batch in batches)
-    assert sorted(n for batch in batches if len(batch) == 1 for n in batch)[-len(over):] == sorted(over)
+    assert sorted(n for batch in batches if len(batch) == 1 for n in batch)[-len(over) :] == sorted(
+        over
+    )
     assert any(len(batch) > 1 for batch in batches)
     # Windows: consecutive runs of the input, within the window's token budget.
     bounds = [0] + windows
@@ -311,12 +316,16 @@ def _interrupted(examples, after):
 def test_interrupted_and_resumed_equals_uninterrupted(trf_ner_nlp, gold_docs, tmp_path):
     nlp = trf_ner_nlp
     expected = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
-    ckpt = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
+    ckpt = EvalCheckpoint(
+        tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2
+    )
     first = StreamingEvaluator(nlp, batch_size=4, window_size=0)  # a window is a batch
     with pytest.raises(Interrupt):
         first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=ckpt.on_window)
     assert ckpt.n_saves == 2
-    ckpt2 = EvalCheckpoint(tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2)
+    ckpt2 = EvalCheckpoint(
+        tmp_path / "ckpt.json", model_fingerprint="m", data_fingerprint="d", every=2
+    )
     second = StreamingEvaluator(nlp, batch_size=4, window_size=0)
     resumed = ckpt2.load(nlp, second.state.fingerprint)
     assert resumed["n_examples"] == 16 and not resumed["done"]
@@ -329,13 +338,21 @@ def test_interrupted_and_resumed_equals_uninterrupted(trf_ner_nlp, gold_docs, tm
 def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
     nlp = trf_ner_nlp
     state = StreamingEvaluator(nlp).state
-    EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").save(state, n_examples=3)
+    EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").save(
+        state, n_examples=3
+    )
     with pytest.raises(CheckpointMismatchError, match="another model"):
-        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="x", data_fingerprint="d").load(nlp, state.fingerprint)
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="x", data_fingerprint="d").load(
+            nlp, state.fingerprint
+        )
     with pytest.raises(CheckpointMismatchError, match="other data"):
-        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="x").load(nlp, state.fingerprint)
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="x").load(
+            nlp, state.fingerprint
+        )
     with pytest.raises(CheckpointMismatchError, match="scorer"):
-        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "other")
+        EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d").load(
+            nlp, "other"
+        )
     # One process against work units: named as a layout, not as a number of workers.
     with pytest.raises(CheckpointMismatchError, match="another layout of the work"):
         EvalCheckpoint(
@@ -343,7 +360,9 @@ def test_checkpoint_refuses_other_model_or_data(trf_ner_nlp, tmp_path):
         ).load(nlp, state.fingerprint)
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(CheckpointMismatchError, match="not a spacy-lean evaluation checkpoint"):
-        EvalCheckpoint(tmp_path / "bad.json", model_fingerprint="m", data_fingerprint="d").load(nlp, "x")
+        EvalCheckpoint(tmp_path / "bad.json", model_fingerprint="m", data_fingerprint="d").load(
+            nlp, "x"
+        )
     # Fewer examples in the data than the checkpoint counted: other data.
     with pytest.raises(CheckpointMismatchError, match="has only 1"):
         StreamingEvaluator(nlp).run([Example(nlp.make_doc("a b"), nlp.make_doc("a b"))], skip=3)
@@ -397,7 +416,10 @@ def test_streaming_pipeline_still_pickles(trf_ner_nlp, gold_docs):
 
 def test_strip_callback_removes_only_ours(trf_ner_nlp):
     nlp = install_streaming_evaluate(trf_ner_nlp)
-    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    nlp.config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": CALLBACK_NAME,
+        "window_size": None,
+    }
     make_strip_streaming_evaluate_v1()(nlp)
     assert nlp.config["nlp"]["after_pipeline_creation"] is None
     other = {"@callbacks": "someone.else.v1"}
@@ -440,17 +462,25 @@ def recorded_streaming(monkeypatch):
 
 @pytest.fixture(scope="module")
 def small_dev(tmp_path_factory):
-    return synthetic.write_ner_corpus(tmp_path_factory.mktemp("small_dev") / "dev.spacy", 10, seed=7)
+    return synthetic.write_ner_corpus(
+        tmp_path_factory.mktemp("small_dev") / "dev.spacy", 10, seed=7
+    )
 
 
-def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, small_dev, tmp_path, recorded_streaming):
+def test_spacy_train_and_spacy_evaluate_stream(
+    trf_ner_config, ner_corpus, small_dev, tmp_path, recorded_streaming
+):
     from spacy.cli.evaluate import evaluate as spacy_evaluate
     from spacy.cli.train import train
     from spacy.training import Corpus
 
     config_path = _filled_config(trf_ner_config, tmp_path)
     out = tmp_path / "out"
-    overrides = {"paths.train": str(ner_corpus["train"]), "paths.dev": str(small_dev), **TRAIN_OVERRIDES}
+    overrides = {
+        "paths.train": str(ner_corpus["train"]),
+        "paths.dev": str(small_dev),
+        **TRAIN_OVERRIDES,
+    }
     train(config_path, out, overrides=overrides)
     assert len(recorded_streaming) >= 2  # the dev evaluations of `spacy train`
     saved = (out / "model-last" / "config.cfg").read_text()
@@ -466,7 +496,10 @@ def test_spacy_train_and_spacy_evaluate_stream(trf_ner_config, ner_corpus, small
 
 def test_strip_callback_saves_a_portable_pipeline(trf_ner_nlp, tmp_path):
     nlp = make_streaming_evaluate_v1()(trf_ner_nlp)
-    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME, "window_size": None}
+    nlp.config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": CALLBACK_NAME,
+        "window_size": None,
+    }
     nlp.to_disk(tmp_path / "with")
     assert is_streaming(spacy.load(tmp_path / "with"))
     # What `spacy train` does with `[training.before_to_disk]` set to the strip callback.
@@ -482,7 +515,6 @@ def test_checkpoint_file_is_json(trf_ner_nlp, tmp_path):
     data = srsly.read_json(tmp_path / "c.json")
     assert data["format"] == "spacy-lean.eval-checkpoint.v1" and data["done"] is True
     assert not (tmp_path / "c.json.tmp").exists()
-
 
 
 def _save_points(ckpt, saved):
@@ -507,7 +539,9 @@ def test_checkpoint_round_trip_keeps_floats_exactly(trf_ner_nlp, gold_docs, tmp_
     first = StreamingEvaluator(nlp, batch_size=4, window_size=0)
     saved = []
     with pytest.raises(Interrupt):
-        first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved))
+        first.run(
+            _interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved)
+        )
     seconds, n_words = saved[-1]
     resumed = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d").load(
         nlp, first.state.fingerprint
@@ -536,7 +570,9 @@ def test_checkpoint_written_by_srsly_still_resumes(trf_ner_nlp, gold_docs, tmp_p
     first = StreamingEvaluator(nlp, batch_size=4, window_size=0)
     saved = []
     with pytest.raises(Interrupt):
-        first.run(_interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved))
+        first.run(
+            _interrupted(fresh_examples(nlp, gold_docs), 19), on_window=_save_points(ckpt, saved)
+        )
     path.write_text(srsly.json_dumps(json.loads(path.read_text())), encoding="utf8")
     assert "\n" not in path.read_text() and srsly.read_json(path)["n_examples"] == 16
     resumed = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d").load(
@@ -554,7 +590,11 @@ def _checkpoint_data(nlp, tmp_path, units=False):
     state.add_speed(5, 0.25)
     path = tmp_path / "c.json"
     ckpt = EvalCheckpoint(path, model_fingerprint="m", data_fingerprint="d")
-    ckpt.save(state, n_examples=3, units={0: {"state": state.to_dict(), "n_examples": 3}} if units else None)
+    ckpt.save(
+        state,
+        n_examples=3,
+        units={0: {"state": state.to_dict(), "n_examples": 3}} if units else None,
+    )
     return ckpt, state, json.loads(path.read_text())
 
 
@@ -780,10 +820,16 @@ def test_spacy_lean_train_dev_evaluation_takes_the_callbacks_settings(
     for callback, policy, window in (
         (None, (True, 0), True),
         ({"@callbacks": CALLBACK_NAME, "trim_slack_mb": None, "window_size": 0}, (False, 0), False),
-        ({"@callbacks": "spacy-lean.lean_training.v1", "eval_trim_slack_mb": 10_000},
-         (True, 10_000), True),
-        ({"@callbacks": "spacy-lean.lean_training.v1", "eval_max_batch_tokens": 64},
-         (True, 0), True),
+        (
+            {"@callbacks": "spacy-lean.lean_training.v1", "eval_trim_slack_mb": 10_000},
+            (True, 10_000),
+            True,
+        ),
+        (
+            {"@callbacks": "spacy-lean.lean_training.v1", "eval_max_batch_tokens": 64},
+            (True, 0),
+            True,
+        ),
     ):
         if callback is not None:
             registry.resolve({"cb": callback})["cb"](nlp)

@@ -1,6 +1,7 @@
 """The long description PyPI shows (README.md, built by setup.py) has no relative link: they
 would break on PyPI. The metadata is built as a wheel build would (setuptools' PEP 517
 `prepare_metadata_for_build_wheel`) from a copy of the packaging files."""
+
 import email
 import importlib.util
 import re

@@ -1,5 +1,6 @@
 """The spaCy project (project.yml, configs/, scripts/): its conventions, its scripts,
 and the `all` workflow run end to end with tiny settings in a copy of the project."""
+
 import importlib.util
 import json
 import os
@@ -47,7 +48,11 @@ def _env():
 
 def _run(args, cwd, timeout=300):
     result = subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+        [sys.executable, *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
     return result.returncode, result.stdout + result.stderr
@@ -211,8 +216,18 @@ def test_lean_config_uses_lean_parts():
 def test_make_corpus_generated(tmp_path):
     code, out = _invoke(
         "make_corpus",
-        ["generated", tmp_path, "--n-train", "30", "--n-dev", "5", "--n-test", "6",
-         "--long-doc-rate", "0.2"],
+        [
+            "generated",
+            tmp_path,
+            "--n-train",
+            "30",
+            "--n-dev",
+            "5",
+            "--n-test",
+            "6",
+            "--long-doc-rate",
+            "0.2",
+        ],
     )
     assert code == 0, out
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -286,7 +301,8 @@ def test_make_corpus_converts_wnut17_sentences(tmp_path):
     assert [len(list(d.sents)) for d in docs] == [2, 2]
     assert [s.text for s in docs[1].sents] == ["Brindlewick Top 20", "tonight is my first show ."]
     assert [(e.text, e.label_) for e in docs[0].ents] == [
-        ("Halvern Tide Tower", "location"), ("QORV", "group")
+        ("Halvern Tide Tower", "location"),
+        ("QORV", "group"),
     ]
 
 
@@ -425,7 +441,6 @@ def test_compare_metrics(tmp_path, monkeypatch):
     assert summary["agree"] is False and summary["compared"] == 3
 
 
-
 def test_run_benchmark_checks_the_results_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bench = tmp_path / "benchmarks"
@@ -454,6 +469,7 @@ def test_run_benchmark_checks_the_results_file(tmp_path, monkeypatch):
     assert code == 1 and "No benchmark script" in flat(out)
     code, out = _invoke("run_benchmark", ["writes", "--size", "huge"])
     assert code == 1 and "--size must be one of" in flat(out)
+
 
 # --- the `all` workflow, end to end -----------------------------------------------------
 
@@ -507,23 +523,39 @@ def _check_all_workflow(tmp_path, tiny_vars):
     assert "nothing changed" not in out
     assert (project / "assets" / "tiny_bert" / "config.json").exists()
     # Other settings: the shards are written again, none left from before.
-    reshard = ["-m", "spacy", "project", "run", "shard", str(project), *overrides,
-               "--vars.docs_per_shard", "20"]
+    reshard = [
+        "-m",
+        "spacy",
+        "project",
+        "run",
+        "shard",
+        str(project),
+        *overrides,
+        "--vars.docs_per_shard",
+        "20",
+    ]
     code, out = _run(reshard, cwd=tmp_path)
     assert code == 0, out[-4000:]
     assert len(list((project / "corpus/shards/train").glob("*.spacy"))) == 2
-
 
 
 @pytest.mark.slow
 def test_charlm_workflow_runs_offline_end_to_end(tmp_path):
     """Character LMs trained by `spacy lean train-charlm`, NER on their embeddings."""
     project = _copy_project(tmp_path / "project")
-    tiny = {**TINY_VARS, "charlm_hidden_size": 32, "charlm_steps": 10, "charlm_bptt": 50,
-            "charlm_batch_size": 4}
+    tiny = {
+        **TINY_VARS,
+        "charlm_hidden_size": 32,
+        "charlm_steps": 10,
+        "charlm_bptt": 50,
+        "charlm_batch_size": 4,
+    }
     overrides = [arg for k, v in tiny.items() for arg in (f"--vars.{k}", str(v))]
-    code, out = _run(["-m", "spacy", "project", "run", "charlm", str(project), *overrides],
-                     cwd=tmp_path, timeout=900)
+    code, out = _run(
+        ["-m", "spacy", "project", "run", "charlm", str(project), *overrides],
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert code == 0, out[-4000:]
     for direction in ("forward", "backward"):
         assert (project / f"training/charlm/{direction}/lm.pt").exists()
@@ -534,6 +566,7 @@ def test_charlm_workflow_runs_offline_end_to_end(tmp_path):
         scores = json.loads((project / "metrics" / name).read_text())
         assert all(key in scores for key in SCORE_KEYS)
     assert json.loads((project / "metrics/ner_charlm_summary.json").read_text())["agree"]
+
 
 # --- benchmarks/plot.py ---------------------------------------------------------------
 
@@ -548,54 +581,117 @@ def _load_plot():
 SAMPLE_RESULTS = {
     "eval_memory": {
         "command": "python benchmarks/eval_memory.py --quick",
-        "summary": {"per_size": [
-            {"size": n, "stock_peak_rss_mb": 500 + n, "streaming_peak_rss_mb": 480.0,
-             "stock_docs_per_s": 50.0, "streaming_docs_per_s": 60.0}
-            for n in (25, 100, 400)
-        ]},
+        "summary": {
+            "per_size": [
+                {
+                    "size": n,
+                    "stock_peak_rss_mb": 500 + n,
+                    "streaming_peak_rss_mb": 480.0,
+                    "stock_docs_per_s": 50.0,
+                    "streaming_docs_per_s": 60.0,
+                }
+                for n in (25, 100, 400)
+            ]
+        },
     },
-    "cleaner_memory": {"points": {
-        mode: [{"n_docs": n, "peak_rss_growth_kb": n * k} for n in (25, 100, 400)]
-        for mode, k in (("stock", 300), ("lean_cleaner", 20))
-    }},
-    "padding": {"size": 2000, "docs": {
-        "items": 100, "mean_length": 40.0, "max_length": 700,
-        "spacy_batch_by_padded_buffer256": {"batches": 30, "padding_fraction": 0.19},
-        "lean_batch_by_tokens_default": {"batches": 25, "padding_fraction": 0.01},
-        "ratio_padding_lean_vs_spacy": 0.06,
-    }},
-    "reader_memory": {"corpus_tokens": 1000, "results": {
-        "spacy_listed": {"peak_mb": 100.0, "held_bytes_per_token": 500.0, "docs_per_second": 5.0},
-        "lean_streaming": {"peak_mb": 20.0, "held_bytes_per_token": 0.0, "docs_per_second": 6.0},
-    }},
-    "charlm_loader_memory": {"text_mb": 10, "results": {
-        "lean": {"peak_rss_mb": 10.0, "rss_after_epoch_mb": 9.0, "data_seconds": 1.0},
-        "int64_tensor": {"peak_rss_mb": 160.0, "rss_after_epoch_mb": 80.0, "data_seconds": 2.0},
-    }},
-    "charlm_speed": {"results": [
-        {"device": "cpu", "hidden_size": h, "threads": 1, "sides": {
-            "flair": {"tokens_per_s_median": 1000.0, "peak_rss_increase_mb_median": 90.0},
-            "ours": {"tokens_per_s_median": 3000.0, "peak_rss_increase_mb_median": 30.0},
-        }} for h in (256, 1024)
-    ]},
-    "charlm_long_doc": {"results": [
-        {"hidden_size": 64, "chars": 20000, "vector_mb": 2.0, "arms": {
-            "unchunked": {"max_chunk_chars": None, "seconds_median": 1.0,
-                          "peak_rss_increase_mb_median": 40.0},
-            "chunked-64": {"max_chunk_chars": 64, "seconds_median": 1.1,
-                           "peak_rss_increase_mb_median": 3.0},
-            "chunked-2048": {"max_chunk_chars": 2048, "seconds_median": 0.9,
-                             "peak_rss_increase_mb_median": 10.0},
-        }},
-        {"hidden_size": 1024, "chars": 200000, "vector_mb": 270.0, "arms": {
-            "unchunked": {"max_chunk_chars": None, "error": "could not create a primitive"},
-            "chunked-2048": {"max_chunk_chars": 2048, "seconds_median": 90.0,
-                             "peak_rss_increase_mb_median": 340.0},
-        }},
-    ]},
+    "cleaner_memory": {
+        "points": {
+            mode: [{"n_docs": n, "peak_rss_growth_kb": n * k} for n in (25, 100, 400)]
+            for mode, k in (("stock", 300), ("lean_cleaner", 20))
+        }
+    },
+    "padding": {
+        "size": 2000,
+        "docs": {
+            "items": 100,
+            "mean_length": 40.0,
+            "max_length": 700,
+            "spacy_batch_by_padded_buffer256": {"batches": 30, "padding_fraction": 0.19},
+            "lean_batch_by_tokens_default": {"batches": 25, "padding_fraction": 0.01},
+            "ratio_padding_lean_vs_spacy": 0.06,
+        },
+    },
+    "reader_memory": {
+        "corpus_tokens": 1000,
+        "results": {
+            "spacy_listed": {
+                "peak_mb": 100.0,
+                "held_bytes_per_token": 500.0,
+                "docs_per_second": 5.0,
+            },
+            "lean_streaming": {
+                "peak_mb": 20.0,
+                "held_bytes_per_token": 0.0,
+                "docs_per_second": 6.0,
+            },
+        },
+    },
+    "charlm_loader_memory": {
+        "text_mb": 10,
+        "results": {
+            "lean": {"peak_rss_mb": 10.0, "rss_after_epoch_mb": 9.0, "data_seconds": 1.0},
+            "int64_tensor": {"peak_rss_mb": 160.0, "rss_after_epoch_mb": 80.0, "data_seconds": 2.0},
+        },
+    },
+    "charlm_speed": {
+        "results": [
+            {
+                "device": "cpu",
+                "hidden_size": h,
+                "threads": 1,
+                "sides": {
+                    "flair": {"tokens_per_s_median": 1000.0, "peak_rss_increase_mb_median": 90.0},
+                    "ours": {"tokens_per_s_median": 3000.0, "peak_rss_increase_mb_median": 30.0},
+                },
+            }
+            for h in (256, 1024)
+        ]
+    },
+    "charlm_long_doc": {
+        "results": [
+            {
+                "hidden_size": 64,
+                "chars": 20000,
+                "vector_mb": 2.0,
+                "arms": {
+                    "unchunked": {
+                        "max_chunk_chars": None,
+                        "seconds_median": 1.0,
+                        "peak_rss_increase_mb_median": 40.0,
+                    },
+                    "chunked-64": {
+                        "max_chunk_chars": 64,
+                        "seconds_median": 1.1,
+                        "peak_rss_increase_mb_median": 3.0,
+                    },
+                    "chunked-2048": {
+                        "max_chunk_chars": 2048,
+                        "seconds_median": 0.9,
+                        "peak_rss_increase_mb_median": 10.0,
+                    },
+                },
+            },
+            {
+                "hidden_size": 1024,
+                "chars": 200000,
+                "vector_mb": 270.0,
+                "arms": {
+                    "unchunked": {"max_chunk_chars": None, "error": "could not create a primitive"},
+                    "chunked-2048": {
+                        "max_chunk_chars": 2048,
+                        "seconds_median": 90.0,
+                        "peak_rss_increase_mb_median": 340.0,
+                    },
+                },
+            },
+        ]
+    },
     # Not a known benchmark: drawn from its named groups of measurements.
-    "someone_elses": {"settings": [{"whole": {"spacy_s": 2.0, "lean_s": 1.0},
-                                    "parts": {"spacy_s": 1.0, "lean_s": 0.5}}]},
+    "someone_elses": {
+        "settings": [
+            {"whole": {"spacy_s": 2.0, "lean_s": 1.0}, "parts": {"spacy_s": 1.0, "lean_s": 0.5}}
+        ]
+    },
     # Nothing to draw.
     "notes": {"text": "no numbers here", "n": 3},
 }
@@ -625,8 +721,11 @@ def test_plot_falls_back_when_a_known_benchmark_changes_format(tmp_path):
 
 def test_plot_draws_the_recorded_results(tmp_path):
     """Every results file the benchmarks have written in this repository is drawn."""
-    recorded = [p for p in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
-                if p.name != "plots.json"]
+    recorded = [
+        p
+        for p in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+        if p.name != "plots.json"
+    ]
     if not recorded:
         pytest.skip("no recorded benchmark results")
     for path in recorded:

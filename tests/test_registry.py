@@ -2,6 +2,7 @@
 
 A config name resolves only through an entry point of exactly that name, so a typo in
 setup.cfg (or a module that moved) must fail here, not in a user's `spacy train`."""
+
 import configparser
 from importlib.metadata import distribution
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Parity and property tests of the mergeable score states against spaCy's own
 scorer, on a small pipeline with every trainable built-in component."""
+
 import gc
 import os
 import random
@@ -83,9 +84,7 @@ def processed(scoring_nlp, gold_examples):
 @pytest.fixture(scope="session")
 def expected_scores(scoring_nlp, processed):
     """spaCy's scores of the processed examples, flat and per component."""
-    return {
-        pc: Scorer(scoring_nlp).score(processed, per_component=pc) for pc in (False, True)
-    }
+    return {pc: Scorer(scoring_nlp).score(processed, per_component=pc) for pc in (False, True)}
 
 
 def state_over(nlp, batches, per_component=False, scorer_cfg=None):
@@ -319,10 +318,14 @@ def rule_nlp_examples():
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
     ruler = nlp.add_pipe("attribute_ruler")
-    ruler.add([[{"LOWER": "the"}]], {"TAG": "DT", "POS": "DET", "LEMMA": "the",
-                                       "MORPH": "Definite=Def|PronType=Art"})
-    ruler.add([[{"LOWER": "reports"}]], {"TAG": "NNS", "POS": "NOUN", "LEMMA": "report",
-                                           "MORPH": "Number=Plur"})
+    ruler.add(
+        [[{"LOWER": "the"}]],
+        {"TAG": "DT", "POS": "DET", "LEMMA": "the", "MORPH": "Definite=Def|PronType=Art"},
+    )
+    ruler.add(
+        [[{"LOWER": "reports"}]],
+        {"TAG": "NNS", "POS": "NOUN", "LEMMA": "report", "MORPH": "Number=Plur"},
+    )
     ruler.add([[{"TEXT": "."}]], {"TAG": ".", "POS": "PUNCT", "MORPH": "PunctType=Peri"})
     ent_ruler = nlp.add_pipe("entity_ruler")
     ent_ruler.add_patterns(
@@ -335,8 +338,10 @@ def rule_nlp_examples():
     )
     span_ruler = nlp.add_pipe("span_ruler")
     span_ruler.add_patterns(
-        [{"label": "SUBJ_NP", "pattern": [{"LOWER": "the"}, {"POS": "NOUN"}]},
-         {"label": "EVENT", "pattern": [{"LOWER": "joined"}, {"OP": "+", "IS_PUNCT": False}]}]
+        [
+            {"label": "SUBJ_NP", "pattern": [{"LOWER": "the"}, {"POS": "NOUN"}]},
+            {"label": "EVENT", "pattern": [{"LOWER": "joined"}, {"OP": "+", "IS_PUNCT": False}]},
+        ]
     )
     finder = nlp.add_pipe("span_finder", config={"spans_key": "sc"})
     docs = make_scoring_docs(nlp, 36, seed=21)

@@ -1,5 +1,6 @@
 """Unit tests of single score states: spaCy's two scorer bugs (hand-computed
 numbers), exact ROC AUC from counts, custom getters, and twins for custom scorers."""
+
 import warnings
 
 import pytest
@@ -23,7 +24,6 @@ from spacy_lean.scoring import (
 from spacy_lean.scoring.base import IdentityAlignment, aligned_x2y
 from spacy_lean.scoring.deps import lower_dep_getter
 from spacy_lean.scoring.testing import assert_scores_equal
-
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,13 @@ def test_deps_missing_labels_stay_in_their_doc(nlp):
 
 def test_deps_unaligned_tokens_count_as_false_positives(nlp):
     gold = _parsed(nlp, ["ab", "c"], [1, 1], ["nsubj", "ROOT"])
-    pred = Doc(nlp.vocab, words=["a", "b", "c"], spaces=[False, True, False],
-               heads=[2, 2, 2], deps=["nsubj", "nsubj", "ROOT"])
+    pred = Doc(
+        nlp.vocab,
+        words=["a", "b", "c"],
+        spaces=[False, True, False],
+        heads=[2, 2, 2],
+        deps=["nsubj", "nsubj", "ROOT"],
+    )
     eg = Example(pred, gold)
     state = DepsState("dep")
     state.update([eg])
@@ -353,8 +358,15 @@ def _token_examples(draw, allow_missing_deps_in_last=True):
             return heads, deps, tags, morphs
 
         heads, deps, tags, morphs = annotate(n, last)
-        gold = Doc(_BLANK.vocab, words=words, spaces=spaces, heads=heads, deps=deps,
-                   tags=tags, morphs=morphs)
+        gold = Doc(
+            _BLANK.vocab,
+            words=words,
+            spaces=spaces,
+            heads=heads,
+            deps=deps,
+            tags=tags,
+            morphs=morphs,
+        )
         # Predicted tokenization: split some words, merge some unspaced neighbours.
         p_words, p_spaces = [], []
         i = 0
@@ -371,8 +383,15 @@ def _token_examples(draw, allow_missing_deps_in_last=True):
                 p_spaces.append(sp)
             i += 1
         heads, deps, tags, morphs = annotate(len(p_words), False)
-        pred = Doc(_BLANK.vocab, words=p_words, spaces=p_spaces, heads=heads, deps=deps,
-                   tags=tags, morphs=morphs)
+        pred = Doc(
+            _BLANK.vocab,
+            words=p_words,
+            spaces=p_spaces,
+            heads=heads,
+            deps=deps,
+            tags=tags,
+            morphs=morphs,
+        )
         examples.append(Example(pred, gold))
     return examples
 
@@ -393,9 +412,7 @@ def test_token_level_states_equal_spacy_on_misaligned_docs(examples, cut):
             ),
             (
                 TokenAttrPerFeatState("morph", getter=morph_key_getter),
-                lambda egs: Scorer.score_token_attr_per_feat(
-                    egs, "morph", getter=morph_key_getter
-                ),
+                lambda egs: Scorer.score_token_attr_per_feat(egs, "morph", getter=morph_key_getter),
             ),
             (
                 DepsState("dep", getter=lower_dep_getter, ignore_labels=("punct",)),
@@ -544,9 +561,12 @@ def test_twin_from_entry_point_group(monkeypatch):
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["a", "Bank", "İ", "é", " ", "\n", ",", "don't", "x" * 9]),
-                  st.booleans()),
-        min_size=0, max_size=25,
+        st.tuples(
+            st.sampled_from(["a", "Bank", "İ", "é", " ", "\n", ",", "don't", "x" * 9]),
+            st.booleans(),
+        ),
+        min_size=0,
+        max_size=25,
     ),
     st.booleans(),
 )

@@ -1,6 +1,7 @@
 """`spacy evaluate` / `spacy benchmark accuracy` stream for pipelines whose config
 names `spacy-lean.streaming_evaluate.v1` (spacy_lean/cli/spacy_evaluate.py), with
 spaCy's own output, and behave exactly as before for the others."""
+
 import inspect
 import json
 import os
@@ -38,8 +39,14 @@ SPEED_ROW = re.compile(r"^SPEED .*$", re.M)
 SPEED_JSON = re.compile(r'^\s*"speed":.*$', re.M)
 # The subprocesses' runs: hash seed fixed, since spaCy's NER scorer orders the labels
 # it first meets as missed gold entities by iterating a set of strings.
-ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-           HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+ENV = dict(
+    os.environ,
+    PYTHONHASHSEED="0",
+    OMP_NUM_THREADS="1",
+    TOKENIZERS_PARALLELISM="false",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +133,9 @@ def run_both(tmp_path, model, data, *args):
     for name, cli_app, prefix in (("stock", stock_app, ["evaluate"]), ("ours", app, ["evaluate"])):
         workdir = tmp_path / name
         (workdir / "html").mkdir(parents=True)
-        result = invoke(cli_app, workdir, *prefix, model, data, "-o", "scores.json", "-dp", "html",
-                        *args)
+        result = invoke(
+            cli_app, workdir, *prefix, model, data, "-o", "scores.json", "-dp", "html", *args
+        )
         results[name] = (SPEED_ROW.sub("", result.output), *outputs(workdir))
     return results
 
@@ -150,8 +158,9 @@ def test_without_the_callback_output_is_unchanged(models, ner_corpus, tmp_path, 
     assert "NER F" in results["ours"][0] and set(results["ours"][2]) == {"entities.html"}
 
 
-def test_with_the_callback_same_output_and_streaming(models, ner_corpus, plain_json, tmp_path,
-                                                     recorded):
+def test_with_the_callback_same_output_and_streaming(
+    models, ner_corpus, plain_json, tmp_path, recorded
+):
     results = run_both(tmp_path, models["streaming"], ner_corpus["dev"], "-dl", "4")
     assert results["ours"] == results["stock"]
     # The stock run lists all 40 examples; ours keeps the 4 displaCy renders.
@@ -160,8 +169,11 @@ def test_with_the_callback_same_output_and_streaming(models, ner_corpus, plain_j
     assert results["ours"][1] == plain_json
 
 
-@pytest.mark.parametrize("args", [["-G", "-P", "-dl", "1000"], ["-dl", "-3"]],
-                         ids=["gold-preproc-per-component-limit-above-size", "negative-limit"])
+@pytest.mark.parametrize(
+    "args",
+    [["-G", "-P", "-dl", "1000"], ["-dl", "-3"]],
+    ids=["gold-preproc-per-component-limit-above-size", "negative-limit"],
+)
 def test_options_same_as_stock(models, shard_dir, tmp_path, recorded, args):
     results = run_both(tmp_path, models["streaming"], shard_dir, *args)
     assert results["ours"] == results["stock"]
@@ -193,15 +205,18 @@ def test_python_function(models, ner_corpus, plain_json, tmp_path, recorded):
 
 
 @pytest.mark.parametrize("slack,policy", [(16, (True, 16)), (None, (False, 0))])
-def test_callback_trim_setting_reaches_spacy_evaluate(models, ner_corpus, plain_json, tmp_path,
-                                                      recorded, monkeypatch, slack, policy):
+def test_callback_trim_setting_reaches_spacy_evaluate(
+    models, ner_corpus, plain_json, tmp_path, recorded, monkeypatch, slack, policy
+):
     """A pipeline saved with the callback's `trim_slack_mb` (in its config.cfg) is
     evaluated by `spacy evaluate` with that heap trimming, to the same scores."""
     from eval_util import record_evaluators, trim_policy
 
     nlp = spacy.load(models["plain"])
-    nlp.config["nlp"]["after_pipeline_creation"] = {"@callbacks": CALLBACK_NAME,
-                                                   "trim_slack_mb": slack}
+    nlp.config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": CALLBACK_NAME,
+        "trim_slack_mb": slack,
+    }
     nlp.to_disk(tmp_path / "model")
     saved = (tmp_path / "model" / "config.cfg").read_text()
     assert f"trim_slack_mb = {'null' if slack is None else slack}" in saved
@@ -214,7 +229,8 @@ def test_callback_trim_setting_reaches_spacy_evaluate(models, ner_corpus, plain_
 
 # A --code file that records what the streaming path kept and streamed, when the
 # command was wrapped (spacy-lean's CLI module was loaded at start-up).
-RECORDER = inspect.getsource(make_recording) + textwrap.dedent('''
+RECORDER = inspect.getsource(make_recording) + textwrap.dedent(
+    """
     import atexit, json, os, sys
 
     calls = []
@@ -223,9 +239,11 @@ RECORDER = inspect.getsource(make_recording) + textwrap.dedent('''
     if spacy_evaluate is not None:
         real = spacy_evaluate._evaluate_rest_next
         spacy_evaluate._evaluate_rest_next = make_recording(real, calls)
-''')
+"""
+)
 
-STOCK_RUNNER = textwrap.dedent('''
+STOCK_RUNNER = textwrap.dedent(
+    """
     # spaCy's CLI without its `spacy_cli` entry points: spaCy's own evaluate command.
     import sys
     from spacy.cli._util import app
@@ -237,7 +255,8 @@ STOCK_RUNNER = textwrap.dedent('''
         get_command(app)(sys.argv[1:], prog_name="python -m spacy")
     finally:
         assert "spacy_lean.cli" not in sys.modules
-''')
+"""
+)
 
 
 def test_python_m_spacy_evaluate_streams_with_spacy_output(models, ner_corpus, tmp_path):
@@ -245,16 +264,35 @@ def test_python_m_spacy_evaluate_streams_with_spacy_output(models, ner_corpus, t
     entry point loaded) against spaCy's own command, on the pipeline with the callback."""
     (tmp_path / "recorder.py").write_text(RECORDER)
     (tmp_path / "stock.py").write_text(STOCK_RUNNER)
-    args = ["evaluate", models["streaming"], str(ner_corpus["dev"]), "-o", "scores.json",
-            "-dp", "html", "-dl", "5", "-c", str(tmp_path / "recorder.py")]
+    args = [
+        "evaluate",
+        models["streaming"],
+        str(ner_corpus["dev"]),
+        "-o",
+        "scores.json",
+        "-dp",
+        "html",
+        "-dl",
+        "5",
+        "-c",
+        str(tmp_path / "recorder.py"),
+    ]
     procs = {}
-    for name, cmd in (("ours", [sys.executable, "-m", "spacy"]),
-                      ("stock", [sys.executable, str(tmp_path / "stock.py")])):
+    for name, cmd in (
+        ("ours", [sys.executable, "-m", "spacy"]),
+        ("stock", [sys.executable, str(tmp_path / "stock.py")]),
+    ):
         workdir = tmp_path / name
         (workdir / "html").mkdir(parents=True)
         env = dict(ENV, RECORD=str(workdir / "record.json"))
-        procs[name] = subprocess.Popen(cmd + args, cwd=workdir, env=env, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs[name] = subprocess.Popen(
+            cmd + args,
+            cwd=workdir,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     results = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
@@ -294,8 +332,12 @@ def messy_models(trf_ner_dir, tmp_path_factory):
     DocBin(docs=docs[:5], store_user_data=True).to_disk(data / "a.spacy")
     DocBin().to_disk(data / "b.spacy")
     DocBin(docs=docs[5:], store_user_data=True).to_disk(data / "sub" / "c.spacy")
-    return {"plain": str(root / "plain"), "streaming": str(root / "streaming"), "data": data,
-            "n_docs": len(docs)}
+    return {
+        "plain": str(root / "plain"),
+        "streaming": str(root / "streaming"),
+        "data": data,
+        "n_docs": len(docs),
+    }
 
 
 @pytest.mark.parametrize("args", [[], ["-G"]], ids=["default", "gold-preproc"])
@@ -310,15 +352,28 @@ def test_messy_data_same_scores_in_all_three_commands(messy_models, tmp_path, re
 
     data = messy_models["data"]
     gold_preproc = bool(args)
-    stock_evaluate(messy_models["plain"], data, output=tmp_path / "stock.json",
-                   gold_preproc=gold_preproc)
-    invoke(app, tmp_path, "evaluate", messy_models["streaming"], data, "-o", "streaming.json",
-           *args)
+    stock_evaluate(
+        messy_models["plain"], data, output=tmp_path / "stock.json", gold_preproc=gold_preproc
+    )
+    invoke(
+        app, tmp_path, "evaluate", messy_models["streaming"], data, "-o", "streaming.json", *args
+    )
     corpus = spacy.training.Corpus(data, gold_preproc=gold_preproc)
     n_examples = sum(1 for _ in corpus(spacy.blank("en")))
     assert recorded == [{"kept": 0, "streamed": n_examples}]
-    result = runner.invoke(app, ["lean", "evaluate", messy_models["plain"], str(data), "-o",
-                                 str(tmp_path / "lean.json"), "--no-progress", *args])
+    result = runner.invoke(
+        app,
+        [
+            "lean",
+            "evaluate",
+            messy_models["plain"],
+            str(data),
+            "-o",
+            str(tmp_path / "lean.json"),
+            "--no-progress",
+            *args,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"Evaluated {n_examples} examples" in result.output
     stock = SPEED_JSON.sub("", (tmp_path / "stock.json").read_text(encoding="utf8"))

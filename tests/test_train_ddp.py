@@ -672,7 +672,7 @@ def tiny_run(root, name, *args):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logged = {step: losses for step, losses in map(json.loads, log.read_text().splitlines())}
     batches = {
-        int(path.stem[len("rank"):]): [json.loads(line) for line in path.read_text().splitlines()]
+        int(path.stem[len("rank") :]): [json.loads(line) for line in path.read_text().splitlines()]
         for path in evals.glob("rank*.jsonl")
     }
     return proc, logged, batches

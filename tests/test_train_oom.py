@@ -15,6 +15,7 @@ is zero (BERT's attention key biases: ~1e-10) into steps of up to lr x noise / e
 This module is also given to `spacy train --code` (it registers the probe), so it keeps
 its module level light.
 """
+
 import copy
 import os
 import subprocess
@@ -99,13 +100,20 @@ def pipeline_config(transformer):
     listener = components["ner"]["model"]["tok2vec"]
     components["textcat"] = {
         "factory": "textcat",
-        "model": {"@architectures": "spacy.TextCatCNN.v2", "exclusive_classes": True,
-                  "nO": None, "tok2vec": copy.deepcopy(listener)},
+        "model": {
+            "@architectures": "spacy.TextCatCNN.v2",
+            "exclusive_classes": True,
+            "nO": None,
+            "tok2vec": copy.deepcopy(listener),
+        },
     }
     components["tagger"] = {
         "factory": "tagger",
-        "model": {"@architectures": "spacy.Tagger.v2", "nO": None,
-                  "tok2vec": copy.deepcopy(listener)},
+        "model": {
+            "@architectures": "spacy.Tagger.v2",
+            "nO": None,
+            "tok2vec": copy.deepcopy(listener),
+        },
     }
     components["oom_probe"] = {"factory": "lean_oom_probe", "limit": 0}
     config["training"].update({"dropout": 0.0, "max_steps": 4, "eval_frequency": 4})
@@ -489,10 +497,21 @@ def test_spacy_train_survives_oom(tmp_path, tiny_transformer, pipeline_dir):
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="always::UserWarning")
     cmd = [
-        sys.executable, "-m", "spacy", "train", str(tmp_path / "config.cfg"),
-        "--output", str(out), "--code", __file__,
-        "--paths.train", str(tmp_path / "train.spacy"), "--paths.dev", str(tmp_path / "dev.spacy"),
-        "--paths.transformer", str(tiny_transformer),
+        sys.executable,
+        "-m",
+        "spacy",
+        "train",
+        str(tmp_path / "config.cfg"),
+        "--output",
+        str(out),
+        "--code",
+        __file__,
+        "--paths.train",
+        str(tmp_path / "train.spacy"),
+        "--paths.dev",
+        str(tmp_path / "dev.spacy"),
+        "--paths.transformer",
+        str(tiny_transformer),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     log = proc.stdout + proc.stderr
@@ -511,8 +530,12 @@ def test_callback_settings_reach_the_policy(pipeline_dir, exact):
 
     make = registry.callbacks.get(CALLBACK_NAME)
     nlp = spacy.load(pipeline_dir)
-    make(max_padded_tokens=300, gradient_checkpointing=False, exact_parser_gradient=exact,
-         trim_heap_slack_mb=None if exact else 8.0)(nlp)
+    make(
+        max_padded_tokens=300,
+        gradient_checkpointing=False,
+        exact_parser_gradient=exact,
+        trim_heap_slack_mb=None if exact else 8.0,
+    )(nlp)
     policy = get_update_policy(nlp)
     assert policy.max_padded_tokens == 300 and policy.exact_parser_gradient is exact
     assert policy.trim_heap_slack_mb == (None if exact else 8.0)
@@ -540,7 +563,7 @@ def test_pipeline_with_the_callback_pickles_and_still_updates_lean(pipeline_dir,
     copy.update(batches[1], sgd=False)
     assert policy.batches == 2 and policy.micro_batches - micro_before > 1
     probe = copy.get_pipe("oom_probe")
-    assert sorted(probe.seen[-len(batches[1]):]) == sorted(eg.predicted.text for eg in batches[1])
+    assert sorted(probe.seen[-len(batches[1]) :]) == sorted(eg.predicted.text for eg in batches[1])
     assert copy.update.__doc__ == lean_update.__doc__
 
 
@@ -571,7 +594,9 @@ def test_spacy_lean_train_uses_the_config_callbacks_policy():
     policy = update_policy(nlp)
     assert policy is installed
     assert (policy.max_padded_tokens, policy.exact_parser_gradient, policy.trim_heap_slack_mb) == (
-        300, False, None,
+        300,
+        False,
+        None,
     )
     policy = update_policy(nlp, 128)
     assert policy is installed and policy.max_padded_tokens == 128
@@ -593,9 +618,20 @@ def run_oom_benchmark(tmp_path, *args):
     out = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--work", str(tmp_path / "work"),
-         "--output", str(out), *args],
-        env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--work",
+            str(tmp_path / "work"),
+            "--output",
+            str(out),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     import json

@@ -19,9 +19,36 @@ from spacy_lean.trf_align import align_offsets, fast_alignment
 # Words a tokenizer splits oddly: accents, CJK, emoji, special-token look-alikes,
 # punctuation runs, whitespace tokens, a long word, a word its vocabulary lacks.
 WORDS = [
-    "the", "Bank", "of", "Paris", "said", ",", ".", "don't", "café", "東京", "🙂🙂", "[CLS]",
-    "[SEP]", "##ing", "--", "...", " ", "\n", "\n\n", "\t", "x" * 40, "Zürich-Nord", "ﬁ",
-    "İstanbul", "e\u0301", "3.14", "$", "(", ")", "qqqqzzzz",
+    "the",
+    "Bank",
+    "of",
+    "Paris",
+    "said",
+    ",",
+    ".",
+    "don't",
+    "café",
+    "東京",
+    "🙂🙂",
+    "[CLS]",
+    "[SEP]",
+    "##ing",
+    "--",
+    "...",
+    " ",
+    "\n",
+    "\n\n",
+    "\t",
+    "x" * 40,
+    "Zürich-Nord",
+    "ﬁ",
+    "İstanbul",
+    "e\u0301",
+    "3.14",
+    "$",
+    "(",
+    ")",
+    "qqqqzzzz",
 ]
 
 
@@ -54,9 +81,7 @@ def assert_same(ours, theirs):
     numpy.testing.assert_array_equal(ours.data, theirs.data)
 
 
-doc_words = st.lists(
-    st.tuples(st.sampled_from(WORDS), st.booleans()), min_size=0, max_size=40
-)
+doc_words = st.lists(st.tuples(st.sampled_from(WORDS), st.booleans()), min_size=0, max_size=40)
 
 
 @given(st.lists(doc_words, min_size=1, max_size=5), st.sampled_from([(4, 3), (8, 6), (16, 16)]))

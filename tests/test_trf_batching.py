@@ -234,10 +234,14 @@ def test_training_groups_backprop_the_whole_batchs_gradients(trf_ner_nlp):
                 mask = numpy.asarray(out.wordpieces.attention_mask, dtype="float32")
                 d_hidden = numpy.random.RandomState(0).normal(size=hidden.shape).astype("float32")
                 d_hidden *= mask[:, :, None]
-                backprop(FullTransformerBatch(
-                    spans=out.spans, wordpieces=out.wordpieces, align=out.align,
-                    model_output=ModelOutput(output_0=torch.from_numpy(d_hidden)),
-                ))
+                backprop(
+                    FullTransformerBatch(
+                        spans=out.spans,
+                        wordpieces=out.wordpieces,
+                        align=out.align,
+                        model_output=ModelOutput(output_0=torch.from_numpy(d_hidden)),
+                    )
+                )
             finally:
                 if ctx is not None:
                     ctx.__exit__(None, None, None)
@@ -250,7 +254,9 @@ def test_training_groups_backprop_the_whole_batchs_gradients(trf_ner_nlp):
     numpy.testing.assert_allclose(h_grouped[real], h_whole[real], rtol=0, atol=1e-5)
     assert len(g_whole) == len(g_grouped) > 0
     for a, b in zip(g_whole, g_grouped):  # float32 sums in another order: 1e-5 of the scale
-        numpy.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(numpy.abs(a).max())))
+        numpy.testing.assert_allclose(
+            b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(numpy.abs(a).max()))
+        )
     assert max(numpy.abs(a).max() for a in g_whole) > 0.1
 
 
@@ -317,7 +323,9 @@ def test_rows_without_wordpieces_run_in_a_group(tmp_path, blank_nlp):
     )
     texts = [d.text for d in synthetic.make_ner_docs(blank_nlp, 6, seed=9)]
     texts = texts[:3] + ["   ", "\n\n", " \t "] * 4 + texts[3:]
-    expected = [[(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)]
+    expected = [
+        [(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)
+    ]
     with fast_alignment(), sorted_span_groups(nlp) as changed:
         assert changed == 1
         got = [[(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)]

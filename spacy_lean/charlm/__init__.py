@@ -6,6 +6,7 @@ reads and writes Flair checkpoints without flair, `embed` computes token vectors
 `char_lm` pipeline component. `safe_torch` reads torch files without running code
 from them (`CheckpointError` when it refuses one).
 """
+
 from .model import CharDictionary, CharLM  # noqa: F401
 from .safe_torch import CheckpointError  # noqa: F401
 

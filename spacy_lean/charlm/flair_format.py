@@ -16,6 +16,7 @@ protocol-4 FRAME opcode of Flair's files.) Writing pickles the
 stand-in as `flair.data.Dictionary` with Flair's attributes, so
 `flair.models.LanguageModel.load_language_model` reads our files.
 """
+
 import io
 import pickle
 import types
@@ -36,8 +37,14 @@ _SETTING_DEFAULTS = {
     "has_decoder": True,
     "nout": None,
 }
-_REQUIRED_KEYS = ("state_dict", "dictionary", "is_forward_lm", "hidden_size", "nlayers",
-                  "embedding_size")
+_REQUIRED_KEYS = (
+    "state_dict",
+    "dictionary",
+    "is_forward_lm",
+    "hidden_size",
+    "nlayers",
+    "embedding_size",
+)
 
 
 class FlairDictionaryState:
@@ -94,13 +101,15 @@ CHECKPOINT_KIND = "a Flair LanguageModel checkpoint"
 def dictionary_state(idx2item: List[str], add_unk: bool = True) -> FlairDictionaryState:
     """Build the pickled form of a Flair character dictionary from `idx2item`."""
     items = [item.encode("utf-8", errors="surrogateescape") for item in idx2item]
-    return FlairDictionaryState({
-        "item2idx": {item: i for i, item in enumerate(items)},
-        "idx2item": items,
-        "add_unk": add_unk,
-        "multi_label": False,
-        "span_labels": False,
-    })
+    return FlairDictionaryState(
+        {
+            "item2idx": {item: i for i, item in enumerate(items)},
+            "idx2item": items,
+            "add_unk": add_unk,
+            "multi_label": False,
+            "span_labels": False,
+        }
+    )
 
 
 def decode_items(state: Any) -> List[str]:
@@ -138,7 +147,8 @@ def checkpoint_to_bytes(checkpoint: Dict[str, Any]) -> bytes:
 
 
 def load_checkpoint(
-    path_or_bytes: Union[str, Path, bytes], map_location: Any = "cpu",
+    path_or_bytes: Union[str, Path, bytes],
+    map_location: Any = "cpu",
     name: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Read a Flair LanguageModel checkpoint (from a path or bytes) without flair,
@@ -155,7 +165,10 @@ def load_checkpoint(
         if not Path(path_or_bytes).exists():
             raise FileNotFoundError(f"Character LM checkpoint not found: {path_or_bytes}")
     checkpoint = safe_torch.load(
-        path_or_bytes, _FLAIR_GLOBALS, what=CHECKPOINT_KIND, name=name,
+        path_or_bytes,
+        _FLAIR_GLOBALS,
+        what=CHECKPOINT_KIND,
+        name=name,
         map_location=map_location,
     )
     shown = name or "the checkpoint"

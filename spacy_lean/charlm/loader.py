@@ -16,6 +16,7 @@ Several workers (DDP) split the streams: with `world_size` W and `batch_size` b 
 worker there are S = b * W streams, and worker r reads streams [r * b, (r + 1) * b).
 All workers draw the same sequence lengths, so they take the same number of steps.
 """
+
 import codecs
 import hashlib
 import io

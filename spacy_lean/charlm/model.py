@@ -5,6 +5,7 @@ ones Flair uses, so a Flair checkpoint loads into `CharLM` and a `CharLM` saved 
 `CharLM.save` loads into Flair. Tensors are time-major (`[seq_len, batch]`), as in
 Flair.
 """
+
 import math
 from collections import Counter
 from pathlib import Path
@@ -257,8 +258,11 @@ class CharLM(nn.Module):
     def to_checkpoint(self) -> Dict[str, object]:
         """The Flair checkpoint dict (state dict on CPU, dictionary, settings)."""
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
-        return {"state_dict": state, "dictionary": self.dictionary.to_flair_state(),
-                **self.settings()}
+        return {
+            "state_dict": state,
+            "dictionary": self.dictionary.to_flair_state(),
+            **self.settings(),
+        }
 
     def save(self, path: Union[str, Path]) -> None:
         """Write a Flair-format checkpoint (`flair.models.LanguageModel` reads it)."""
@@ -312,16 +316,16 @@ class CharLM(nn.Module):
                 )
         extra = sorted(set(state_dict) - set(shapes))
         if extra:
-            raise CheckpointError(f"{name}: the state_dict has tensors the model does not: {extra[:5]}.")
+            raise CheckpointError(
+                f"{name}: the state_dict has tensors the model does not: {extra[:5]}."
+            )
         model = cls(**settings)
         model.load_state_dict(state_dict, strict=True)
         model.eval()
         return model
 
     @classmethod
-    def load(
-        cls, path: Union[str, Path], map_location="cpu", has_decoder: bool = True
-    ) -> "CharLM":
+    def load(cls, path: Union[str, Path], map_location="cpu", has_decoder: bool = True) -> "CharLM":
         """Read a Flair `LanguageModel` checkpoint (or one we wrote), without flair.
 
         path (Union[str, Path]): the checkpoint file.
@@ -334,7 +338,10 @@ class CharLM(nn.Module):
 
     @classmethod
     def from_bytes(
-        cls, data: bytes, map_location="cpu", has_decoder: bool = True,
+        cls,
+        data: bytes,
+        map_location="cpu",
+        has_decoder: bool = True,
         name: str = "the character LM bytes",
     ) -> "CharLM":
         """Read a checkpoint from bytes (`to_bytes`); `name` is how errors call it."""
@@ -355,7 +362,9 @@ def _check_settings(checkpoint: Dict[str, object], n_chars: int, name: str) -> N
     if not all(type(v) is int and v >= 1 for v in sizes.values()) or not (
         nout is None or (type(nout) is int and nout >= 1)
     ):
-        raise CheckpointError(f"{name}: the settings {sizes} (nout={nout!r}) must be positive ints.")
+        raise CheckpointError(
+            f"{name}: the settings {sizes} (nout={nout!r}) must be positive ints."
+        )
     hidden, nlayers, emb = sizes["hidden_size"], sizes["nlayers"], sizes["embedding_size"]
     expected = {
         "encoder.weight": (n_chars, emb),
@@ -365,8 +374,11 @@ def _check_settings(checkpoint: Dict[str, object], n_chars: int, name: str) -> N
         expected[f"rnn.weight_hh_l{layer}"] = (None, hidden)
     for key, shape in expected.items():
         tensor = state.get(key)
-        if shape is None or (tensor is not None and tensor.dim() == 2 and all(
-                want is None or want == got for want, got in zip(shape, tensor.shape))):
+        if shape is None or (
+            tensor is not None
+            and tensor.dim() == 2
+            and all(want is None or want == got for want, got in zip(shape, tensor.shape))
+        ):
             continue
         got = tuple(tensor.shape) if tensor is not None else "missing"
         raise CheckpointError(

@@ -26,6 +26,7 @@ takes its tar-archive or memory-map paths, and TorchScript archives (which
 `torch.load` would pass to `torch.jit.load`) and zip records that would unpack to
 more than the file are refused before torch reads them.
 """
+
 import io
 import math
 import os
@@ -43,13 +44,23 @@ import torch
 # Files larger than this are refused before anything is read (override with the
 # environment variable below, in bytes).
 MAX_BYTES_ENV = "SPACY_LEAN_MAX_CHECKPOINT_BYTES"
-DEFAULT_MAX_BYTES = 4 * 1024 ** 3
+DEFAULT_MAX_BYTES = 4 * 1024**3
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_ALLOWED_DTYPES = frozenset({
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-})
+_ALLOWED_DTYPES = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
 _PLAIN_KEY_TYPES = (str, bytes, int, float, bool, type(None), tuple)
 _STORAGE_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _LOCATION = re.compile(r"[a-z_]{1,16}(:[0-9]{1,4})?")
@@ -88,7 +99,10 @@ class _Load:
     torch creates for the file)."""
 
     def __init__(
-        self, allowed: Dict[Tuple[str, str], Any], max_storage_bytes: int, what: str,
+        self,
+        allowed: Dict[Tuple[str, str], Any],
+        max_storage_bytes: int,
+        what: str,
         legacy: bool,
     ) -> None:
         self.what = what
@@ -98,7 +112,9 @@ class _Load:
         self.tensor_bytes = 0  # of all the tensors rebuilt so far
         self.storages: List[Any] = []
         self.records: List[Any] = []  # what the module-level `load` returned (legacy headers)
-        self.classes: FrozenSet[type] = frozenset(v for v in allowed.values() if isinstance(v, type))
+        self.classes: FrozenSet[type] = frozenset(
+            v for v in allowed.values() if isinstance(v, type)
+        )
         self.globals: Dict[Tuple[str, str], Any] = {}
         for key, value in allowed.items():
             if isinstance(value, type):
@@ -123,8 +139,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _int_tuple(value: Any) -> bool:
-    return isinstance(value, tuple) and len(value) <= _MAX_DIMS and all(
-        _is_int(v) and v >= 0 for v in value
+    return (
+        isinstance(value, tuple)
+        and len(value) <= _MAX_DIMS
+        and all(_is_int(v) and v >= 0 for v in value)
     )
 
 
@@ -137,8 +155,13 @@ def _check_view(load: _Load, name: str, storage: Any, offset: Any, size: Any, st
         raise RefusedPickle(f"{name} is given {type(storage).__name__}, not a storage of this file")
     if type(size) is torch.Size:
         size = tuple(size)
-    if not (_is_int(offset) and offset >= 0 and _int_tuple(size) and _int_tuple(stride)
-            and len(size) == len(stride)):
+    if not (
+        _is_int(offset)
+        and offset >= 0
+        and _int_tuple(size)
+        and _int_tuple(stride)
+        and len(size) == len(stride)
+    ):
         raise _refuse_args(name, (storage, offset, size, stride))
     if 0 not in size:
         last = offset + sum((n - 1) * s for n, s in zip(size, stride))
@@ -191,8 +214,12 @@ def _rebuild_tensor(load: _Load) -> Callable[..., torch.Tensor]:
 
 def _rebuild_parameter(load: _Load) -> Callable[..., torch.nn.Parameter]:
     def rebuild(*args: Any) -> torch.nn.Parameter:
-        if (len(args) != 3 or type(args[0]) is not torch.Tensor or type(args[1]) is not bool
-                or not _no_hooks(args[2])):
+        if (
+            len(args) != 3
+            or type(args[0]) is not torch.Tensor
+            or type(args[1]) is not bool
+            or not _no_hooks(args[2])
+        ):
             raise _refuse_args("torch._utils._rebuild_parameter", args)
         return torch.nn.Parameter(args[0], args[1])
 
@@ -204,9 +231,16 @@ def _ordered_dict(load: _Load) -> Callable[..., OrderedDict]:
         if not args:
             return OrderedDict()
         items = args[0]
-        if (len(args) == 1 and type(items) in (list, tuple) and all(
-                type(item) in (list, tuple) and len(item) == 2
-                and isinstance(item[0], _PLAIN_KEY_TYPES) for item in items)):
+        if (
+            len(args) == 1
+            and type(items) in (list, tuple)
+            and all(
+                type(item) in (list, tuple)
+                and len(item) == 2
+                and isinstance(item[0], _PLAIN_KEY_TYPES)
+                for item in items
+            )
+        ):
             return OrderedDict(items)
         raise _refuse_args("collections.OrderedDict", args)
 
@@ -224,8 +258,12 @@ def _size(load: _Load) -> Callable[..., torch.Size]:
 
 def _device(load: _Load) -> Callable[..., torch.device]:
     def build(*args: Any) -> torch.device:
-        if (len(args) in (1, 2) and type(args[0]) is str and _LOCATION.fullmatch(args[0])
-                and (len(args) == 1 or (_is_int(args[1]) and 0 <= args[1] < 10_000))):
+        if (
+            len(args) in (1, 2)
+            and type(args[0]) is str
+            and _LOCATION.fullmatch(args[0])
+            and (len(args) == 1 or (_is_int(args[1]) and 0 <= args[1] < 10_000))
+        ):
             return torch.device(*args)
         raise _refuse_args("torch.device", args)
 
@@ -235,8 +273,12 @@ def _device(load: _Load) -> Callable[..., torch.device]:
 def _codecs_encode(load: _Load) -> Callable[..., bytes]:
     # Protocol-2 pickles store bytes as `_codecs.encode(text, "latin1")`.
     def encode(*args: Any) -> bytes:
-        if (len(args) == 2 and type(args[0]) is str and type(args[1]) is str
-                and args[1].lower().replace("-", "").replace("_", "") == "latin1"):
+        if (
+            len(args) == 2
+            and type(args[0]) is str
+            and type(args[1]) is str
+            and args[1].lower().replace("-", "").replace("_", "") == "latin1"
+        ):
             return args[0].encode("latin-1")
         raise _refuse_args("_codecs.encode", args)
 
@@ -258,8 +300,11 @@ def _plain_collection(kind: type) -> Callable[[_Load], Callable[..., Any]]:
         def build(*args: Any) -> Any:
             if not args:
                 return kind()
-            if (len(args) == 1 and type(args[0]) in (list, tuple)
-                    and all(isinstance(item, _PLAIN_KEY_TYPES) for item in args[0])):
+            if (
+                len(args) == 1
+                and type(args[0]) in (list, tuple)
+                and all(isinstance(item, _PLAIN_KEY_TYPES) for item in args[0])
+            ):
                 return kind(args[0])
             raise _refuse_args(f"builtins.{kind.__name__}", args)
 
@@ -270,8 +315,12 @@ def _plain_collection(kind: type) -> Callable[[_Load], Callable[..., Any]]:
 
 def _numpy_dtype(load: _Load) -> Callable[..., numpy.dtype]:
     def build(*args: Any) -> numpy.dtype:
-        if (1 <= len(args) <= 3 and type(args[0]) is str and _NUMPY_DTYPE.fullmatch(args[0])
-                and all(type(flag) is bool for flag in args[1:])):
+        if (
+            1 <= len(args) <= 3
+            and type(args[0]) is str
+            and _NUMPY_DTYPE.fullmatch(args[0])
+            and all(type(flag) is bool for flag in args[1:])
+        ):
             try:
                 dtype = numpy.dtype(args[0])
             except TypeError:
@@ -285,9 +334,14 @@ def _numpy_dtype(load: _Load) -> Callable[..., numpy.dtype]:
 
 def _numpy_scalar(load: _Load) -> Callable[..., Any]:
     def build(*args: Any) -> Any:
-        if (len(args) == 2 and isinstance(args[0], numpy.dtype) and args[0].kind in "biufc"
-                and not args[0].hasobject and type(args[1]) is bytes
-                and len(args[1]) == args[0].itemsize):
+        if (
+            len(args) == 2
+            and isinstance(args[0], numpy.dtype)
+            and args[0].kind in "biufc"
+            and not args[0].hasobject
+            and type(args[1]) is bytes
+            and len(args[1]) == args[0].itemsize
+        ):
             return numpy.frombuffer(args[1], dtype=args[0])[0].copy()
         raise _refuse_args("numpy scalar", args)
 
@@ -366,8 +420,12 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
-        if type(args) is not tuple or args or not isinstance(cls, type) \
-                or cls not in self._load.classes:
+        if (
+            type(args) is not tuple
+            or args
+            or not isinstance(cls, type)
+            or cls not in self._load.classes
+        ):
             raise RefusedPickle(f"the pickle creates an object of {_describe(cls)}")
         self.append(cls.__new__(cls))
 
@@ -422,8 +480,17 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     dispatch[pickle.SETITEM[0]] = load_setitem
     dispatch[pickle.SETITEMS[0]] = load_setitems
     dispatch[pickle.ADDITEMS[0]] = load_additems
-    for _opcode in ("INST", "OBJ", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX", "PERSID",
-                    "NEXT_BUFFER", "READONLY_BUFFER"):
+    for _opcode in (
+        "INST",
+        "OBJ",
+        "EXT1",
+        "EXT2",
+        "EXT4",
+        "NEWOBJ_EX",
+        "PERSID",
+        "NEXT_BUFFER",
+        "READONLY_BUFFER",
+    ):
         dispatch[getattr(pickle, _opcode)[0]] = _refuse_opcode(_opcode)
     del _opcode
 
@@ -441,19 +508,31 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
     ("storage", type, key, location, numel), legacy format the same plus a view
     (None or (key, offset, size))."""
     ok = (
-        type(pid) is tuple and len(pid) == (6 if load.legacy else 5) and pid[0] == "storage"
+        type(pid) is tuple
+        and len(pid) == (6 if load.legacy else 5)
+        and pid[0] == "storage"
         and isinstance(pid[1], torch.serialization.StorageType)
         and pid[1].dtype in _ALLOWED_DTYPES
-        and type(pid[2]) is str and _STORAGE_KEY.fullmatch(pid[2]) is not None
-        and type(pid[3]) is str and _LOCATION.fullmatch(pid[3]) is not None
-        and _is_int(pid[4]) and pid[4] >= 0
+        and type(pid[2]) is str
+        and _STORAGE_KEY.fullmatch(pid[2]) is not None
+        and type(pid[3]) is str
+        and _LOCATION.fullmatch(pid[3]) is not None
+        and _is_int(pid[4])
+        and pid[4] >= 0
     )
     if ok and len(pid) == 6 and pid[5] is not None:
         view = pid[5]
-        ok = (type(view) is tuple and len(view) == 3 and type(view[0]) is str
-              and _STORAGE_KEY.fullmatch(view[0]) is not None
-              and _is_int(view[1]) and _is_int(view[2]) and view[1] >= 0 and view[2] >= 0
-              and view[1] + view[2] <= pid[4])
+        ok = (
+            type(view) is tuple
+            and len(view) == 3
+            and type(view[0]) is str
+            and _STORAGE_KEY.fullmatch(view[0]) is not None
+            and _is_int(view[1])
+            and _is_int(view[2])
+            and view[1] >= 0
+            and view[2] >= 0
+            and view[1] + view[2] <= pid[4]
+        )
     if not ok:
         shown = pid if type(pid) in (tuple, str, int) else type(pid).__name__
         raise RefusedPickle(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
@@ -476,10 +555,16 @@ def _build_ordered_dict(inst: OrderedDict, state: Any) -> None:
     # the pickle could still reach the dicts it built through the memo.
     if state is None or (type(state) is dict and not state):
         return
-    metadata = state.get("_metadata") if type(state) is dict and set(state) == {"_metadata"} else None
+    metadata = (
+        state.get("_metadata") if type(state) is dict and set(state) == {"_metadata"} else None
+    )
     if type(metadata) in (dict, OrderedDict) and all(
-            type(key) is str and type(value) is dict and set(value) <= {"version"}
-            and all(_is_int(v) for v in value.values()) for key, value in metadata.items()):
+        type(key) is str
+        and type(value) is dict
+        and set(value) <= {"version"}
+        and all(_is_int(v) for v in value.values())
+        for key, value in metadata.items()
+    ):
         inst._metadata = OrderedDict((key, dict(value)) for key, value in metadata.items())
         return
     raise RefusedPickle(
@@ -490,9 +575,13 @@ def _build_ordered_dict(inst: OrderedDict, state: Any) -> None:
 def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
     # Leave the dtype as `numpy.dtype(name)` made it; only accept the state it pickles.
     expected = dtype.__reduce__()[2]
-    if (type(state) is tuple and len(state) == len(expected) and state[0] == expected[0]
-            and state[2:] == expected[2:]
-            and (state[1] == expected[1] or state[1] in ("|", "=") or dtype.itemsize == 1)):
+    if (
+        type(state) is tuple
+        and len(state) == len(expected)
+        and state[0] == expected[0]
+        and state[2:] == expected[2:]
+        and (state[1] == expected[1] or state[1] in ("|", "=") or dtype.itemsize == 1)
+    ):
         return
     raise RefusedPickle(f"the pickle gives numpy.dtype('{dtype.str}') the state {state!r:.100}")
 
@@ -595,7 +684,9 @@ def load(
         load_state = _Load(allowed, size, what, legacy=head != _ZIP_MAGIC)
         try:
             result = torch.load(
-                stream, map_location=map_location, pickle_module=_pickle_module(load_state),
+                stream,
+                map_location=map_location,
+                pickle_module=_pickle_module(load_state),
                 weights_only=False,  # the restricted unpickler does the checking
                 mmap=False,
             )
@@ -681,5 +772,14 @@ def allowed_globals(
     return chosen
 
 
-__all__ = ["CheckpointError", "RefusedPickle", "load", "allowed_globals", "TENSOR_GLOBALS", "max_bytes",
-           "MAX_BYTES_ENV", "DEFAULT_MAX_BYTES", "StandIn"]
+__all__ = [
+    "CheckpointError",
+    "RefusedPickle",
+    "load",
+    "allowed_globals",
+    "TENSOR_GLOBALS",
+    "max_bytes",
+    "MAX_BYTES_ENV",
+    "DEFAULT_MAX_BYTES",
+    "StandIn",
+]

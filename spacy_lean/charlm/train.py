@@ -17,6 +17,7 @@ share of the streams. The loader state and the hidden states are saved for all
 streams, so a checkpoint resumes on any number of workers that divides the number
 of streams.
 """
+
 import hashlib
 import json
 import math
@@ -506,7 +507,8 @@ class _Trainer:
                         loss_sum.zero_()
                         n_summed = 0
                         self._show(
-                            epoch=str(loader.epoch), loss=f"{mean:.3f}",
+                            epoch=str(loader.epoch),
+                            loss=f"{mean:.3f}",
                             ppl=f"{math.exp(min(mean, 50.0)):.2f}",
                         )
                     if self.bar is not None:
@@ -560,8 +562,13 @@ class _Trainer:
         world = self.dist.world_size
         batch_size = max(1, min(self.loader.batch_size, (len(self.dev) - 1) // (world * bptt)))
         loader = CharLMLoader(
-            self.dev, batch_size, bptt, randomize=False, reverse=self.loader.reverse,
-            rank=self.dist.rank, world_size=world,
+            self.dev,
+            batch_size,
+            bptt,
+            randomize=False,
+            reverse=self.loader.reverse,
+            rank=self.dist.rank,
+            world_size=world,
         )
         vocab_size = len(self.model.dictionary)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)

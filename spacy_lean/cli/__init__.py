@@ -1,6 +1,7 @@
 """`spacy lean ...`: spacy-lean's commands, added to spaCy's CLI through the
 `spacy_cli` entry point. Each command lives in its own module; importing them here
 registers them on the `lean` sub-app."""
+
 import typer
 from spacy.cli._util import app
 

@@ -1,5 +1,6 @@
 """`spacy lean evaluate MODEL DATA`: streaming evaluation with checkpoints, out-of-memory
 back-off and several workers."""
+
 import hashlib
 import time
 import warnings
@@ -207,25 +208,47 @@ def evaluate_streaming_cli(
     try:
         if workers == 1 and backend == "processes":
             state, n_examples = _run_single(
-                nlp, shards, state, ckpt, resumed,
-                gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
-                max_batch_tokens=max_batch_tokens, trim_slack_mb=slack,
-                per_component=per_component, progress=progress,
+                nlp,
+                shards,
+                state,
+                ckpt,
+                resumed,
+                gold_preproc=gold_preproc,
+                batch_size=batch_size,
+                window_size=window_size,
+                max_batch_tokens=max_batch_tokens,
+                trim_slack_mb=slack,
+                per_component=per_component,
+                progress=progress,
             )
         else:
             state, n_examples = _run_workers(
-                model, nlp, shards, state, ckpt, resumed,
-                workers=workers, backend=backend, gpu_ids=gpu_ids, ray_address=ray_address,
-                max_retries=max_retries, code_path=code_path, gold_preproc=gold_preproc,
-                batch_size=batch_size, window_size=window_size,
-                max_batch_tokens=max_batch_tokens, trim_slack_mb=slack,
-                per_component=per_component, progress=progress,
+                model,
+                nlp,
+                shards,
+                state,
+                ckpt,
+                resumed,
+                workers=workers,
+                backend=backend,
+                gpu_ids=gpu_ids,
+                ray_address=ray_address,
+                max_retries=max_retries,
+                code_path=code_path,
+                gold_preproc=gold_preproc,
+                batch_size=batch_size,
+                window_size=window_size,
+                max_batch_tokens=max_batch_tokens,
+                trim_slack_mb=slack,
+                per_component=per_component,
+                progress=progress,
             )
     except CorruptShardError as e:
         hint = (
             f" The progress so far is saved in {checkpoint}, and resumes on the same data: "
             "after re-creating the file, delete the checkpoint and start again."
-            if ckpt else ""
+            if ckpt
+            else ""
         )
         msg.fail("Could not read the evaluation data", f"{e}{hint}", exits=1)
     except CheckpointMismatchError as e:
@@ -316,8 +339,11 @@ def _make_checkpoint(model, nlp, shards, gold_preproc, path, every, layout):
 
     data_fp = path_fingerprint(shards) + (":gold_preproc" if gold_preproc else "")
     return EvalCheckpoint(
-        path, model_fingerprint=_model_fingerprint(model, nlp), data_fingerprint=data_fp,
-        layout=layout, every=every,
+        path,
+        model_fingerprint=_model_fingerprint(model, nlp),
+        data_fingerprint=data_fp,
+        layout=layout,
+        every=every,
     )
 
 
@@ -347,8 +373,19 @@ def _progress_bar(progress: bool, unit: str, total: Optional[int] = None, initia
 
 
 def _run_single(
-    nlp, shards, state, ckpt, resumed, *, gold_preproc, batch_size, window_size,
-    max_batch_tokens, trim_slack_mb, per_component, progress,
+    nlp,
+    shards,
+    state,
+    ckpt,
+    resumed,
+    *,
+    gold_preproc,
+    batch_size,
+    window_size,
+    max_batch_tokens,
+    trim_slack_mb,
+    per_component,
+    progress,
 ):
     from ..corpus.sources import read_examples
     from ..streaming import StreamingEvaluator
@@ -378,8 +415,14 @@ def _run_single(
         )
 
     evaluator = StreamingEvaluator(
-        nlp, batch_size=batch_size, window_size=window_size, max_batch_tokens=max_batch_tokens,
-        per_component=per_component, state=state, on_oom=on_oom, trim_slack_mb=trim_slack_mb,
+        nlp,
+        batch_size=batch_size,
+        window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
+        per_component=per_component,
+        state=state,
+        on_oom=on_oom,
+        trim_slack_mb=trim_slack_mb,
         copy_examples=False,  # the examples are made here and seen by no one else
     )
     msg.info(
@@ -418,9 +461,26 @@ def _run_single(
 
 
 def _run_workers(
-    model, nlp, shards, state, ckpt, resumed, *, workers, backend, gpu_ids, ray_address,
-    max_retries, code_path, gold_preproc, batch_size, window_size, max_batch_tokens,
-    trim_slack_mb, per_component, progress,
+    model,
+    nlp,
+    shards,
+    state,
+    ckpt,
+    resumed,
+    *,
+    workers,
+    backend,
+    gpu_ids,
+    ray_address,
+    max_retries,
+    code_path,
+    gold_preproc,
+    batch_size,
+    window_size,
+    max_batch_tokens,
+    trim_slack_mb,
+    per_component,
+    progress,
 ):
     import os
 
@@ -430,8 +490,7 @@ def _run_workers(
     done: Dict[int, Dict[str, Any]] = dict(resumed["units"]) if resumed else {}
     if done:
         msg.info(
-            f"Resuming from the checkpoint: {len(done)} of {len(units)} shards already "
-            "evaluated"
+            f"Resuming from the checkpoint: {len(done)} of {len(units)} shards already " "evaluated"
         )
     todo = [u for u in units if u.index not in done]
     from ..streaming import resolve_max_batch_tokens
@@ -446,9 +505,14 @@ def _run_workers(
     if todo:
         msg.info(f"Evaluating {len(todo)} shard(s) on {n_workers} {backend} worker(s), {where}")
     settings = WorkerSettings(
-        model=str(model), gold_preproc=gold_preproc, batch_size=batch_size, window_size=window_size,
-        max_batch_tokens=max_batch_tokens, trim_slack_mb=trim_slack_mb,
-        per_component=per_component, code_path=str(code_path) if code_path else None,
+        model=str(model),
+        gold_preproc=gold_preproc,
+        batch_size=batch_size,
+        window_size=window_size,
+        max_batch_tokens=max_batch_tokens,
+        trim_slack_mb=trim_slack_mb,
+        per_component=per_component,
+        code_path=str(code_path) if code_path else None,
         num_threads=max(1, (os.cpu_count() or 1) // max(1, n_workers)),
     )
     bar = _progress_bar(progress, "doc")
@@ -474,8 +538,14 @@ def _run_workers(
 
     try:
         run_units(
-            todo, settings, workers=max(1, n_workers), backend=backend, gpu_ids=gpu_ids,
-            max_retries=max_retries, ray_address=ray_address, on_result=on_result,
+            todo,
+            settings,
+            workers=max(1, n_workers),
+            backend=backend,
+            gpu_ids=gpu_ids,
+            max_retries=max_retries,
+            ray_address=ray_address,
+            on_result=on_result,
             on_retry=on_retry,
         )
     except WorkerDiedError as e:
@@ -523,4 +593,3 @@ def _print_scores(
             table[label] = "-"
     msg.table(table, title="Results")
     handle_scores_per_type(scores, {}, spans_key=spans_key, silent=False)
-

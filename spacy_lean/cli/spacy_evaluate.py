@@ -17,6 +17,7 @@ That corpus asks the loaded pipeline whether it evaluates streaming (`is_streami
   spacy-lean's reader. spaCy's code prints the table, writes `--output` and renders
   displaCy as before, from the same scores.
 """
+
 import functools
 import importlib
 import inspect

@@ -1,4 +1,5 @@
 """`spacy lean train-charlm`: train a forward or backward character LM."""
+
 import math
 import os
 from enum import Enum

@@ -149,9 +149,7 @@ class TokenBudgetBatcher:
         if count < 0:
             raise ValueError(f"count must be >= 0 (0: batch by tokens), got {count}.")
         if padding_scope not in ("window", "batch"):
-            raise ValueError(
-                f"padding_scope must be 'window' or 'batch', got {padding_scope!r}."
-            )
+            raise ValueError(f"padding_scope must be 'window' or 'batch', got {padding_scope!r}.")
         self.padding_scope = padding_scope
         self.size = size
         self.window = window
@@ -228,9 +226,7 @@ class TokenBudgetBatcher:
             length = lengths[i]
             if batch:
                 padded = length * (len(batch) + 1)
-                if padded <= sizes.peek(len(batches)) and (
-                    padded - total - length <= cap * padded
-                ):
+                if padded <= sizes.peek(len(batches)) and (padded - total - length <= cap * padded):
                     batch.append(i)
                     total += length
                     continue

@@ -141,7 +141,13 @@ class _Inflater:
     def __init__(self, source: _Source, state: Optional[_State] = None):
         self.source = source
         if state is None:
-            self._zlib, self._offset, self._tail, buf, self.pos = zlib.decompressobj(), 0, b"", b"", 0
+            self._zlib, self._offset, self._tail, buf, self.pos = (
+                zlib.decompressobj(),
+                0,
+                b"",
+                b"",
+                0,
+            )
         else:
             decomp, self._offset, self._tail, buf, self.pos = state
             self._zlib = decomp.copy()
@@ -223,9 +229,7 @@ class _Inflater:
 
 def _unpacker(stream: _Inflater, hook: Any = None) -> _Unpacker:
     # The settings `srsly.msgpack_loads` uses: str, lists, srsly's decoders.
-    return _Unpacker(
-        stream, raw=False, use_list=True, read_size=_UNPACK_READ, object_hook=hook
-    )
+    return _Unpacker(stream, raw=False, use_list=True, read_size=_UNPACK_READ, object_hook=hook)
 
 
 class _Items:
@@ -435,9 +439,7 @@ class DocBinReader:
         for _ in range(self.n_strings):
             vocab[items.next()]  # type: ignore[union-attr]
 
-    def get_docs(
-        self, vocab: Vocab, start: int = 0, stop: Optional[int] = None
-    ) -> Iterator[Doc]:
+    def get_docs(self, vocab: Vocab, start: int = 0, stop: Optional[int] = None) -> Iterator[Doc]:
         """Yield the docs, decoded one at a time as `DocBin.get_docs` decodes them
         (with their user data, whether or not it was stored).
 
@@ -468,7 +470,10 @@ class DocBinReader:
                 if items is not None:
                     items.skip(start if key != "user_data" else min(start, n_user_data))
         cats, flags_items, span_groups, user_data = (
-            sections["cats"], sections["flags"], sections["span_groups"], sections["user_data"]
+            sections["cats"],
+            sections["flags"],
+            sections["span_groups"],
+            sections["user_data"],
         )
         i = start
         for block in lengths:

@@ -136,7 +136,7 @@ def doc_from_record(
         ):
             raise ValueError(
                 f'{where}: "tokens" must be a list of {{"text": ..., "ws": true/false}} '
-                f"objects, got {str(tokens)[:80]!r}. Fix them, or drop \"tokens\" to use "
+                f'objects, got {str(tokens)[:80]!r}. Fix them, or drop "tokens" to use '
                 "the pipeline's tokenizer."
             )
         words = [t["text"] for t in tokens]

@@ -5,6 +5,7 @@
 >>> state.merge(other_state)           # other holds the examples that come after
 >>> state.result()                     # == nlp.evaluate(...) for all examples
 """
+
 from .base import ScoreState  # noqa: F401
 from .cats import CatsState, ScoreCounts  # noqa: F401
 from .deps import DepsState  # noqa: F401

@@ -4,6 +4,7 @@ A score state reduces examples to counts (`update`), adds another state's counts
 to its own (`merge`), turns its counts into the numbers spaCy's scorer reports
 (`result`) and round-trips through JSON (`to_dict` / `load_dict`).
 """
+
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy

@@ -4,6 +4,7 @@ ROC AUC is exact without keeping one entry per example: per label, the state
 counts positive and negative references per distinct predicted score. The ROC
 curve only changes at distinct scores, so these counts rebuild it point for point.
 """
+
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 import numpy
@@ -118,19 +119,13 @@ class CatsState(ScoreState):
             threshold = 0.5 if multi_label else 0.0
         self.threshold = threshold
         self.f_per_type: Dict[str, PRFScore] = {label: PRFScore() for label in self.labels}
-        self.auc_per_type: Dict[str, ScoreCounts] = {
-            label: ScoreCounts() for label in self.labels
-        }
+        self.auc_per_type: Dict[str, ScoreCounts] = {label: ScoreCounts() for label in self.labels}
 
     def update(self, examples: Iterable[Example]) -> None:
         labels = self.label_set
         for eg in examples:
-            pred = {
-                k: v for k, v in self.getter(eg.predicted, self.attr).items() if k in labels
-            }
-            gold = {
-                k: v for k, v in self.getter(eg.reference, self.attr).items() if k in labels
-            }
+            pred = {k: v for k, v in self.getter(eg.predicted, self.attr).items() if k in labels}
+            gold = {k: v for k, v in self.getter(eg.reference, self.attr).items() if k in labels}
             if self.multi_label:
                 self._update_multi(pred, gold)
             else:

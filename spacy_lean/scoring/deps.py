@@ -6,6 +6,7 @@ from their own doc only: spaCy keeps one set of missing indices for the whole
 list of examples, so a missing label at index i in one doc also hides index i in
 every later doc, and the result depends on how docs are grouped.
 """
+
 from typing import Any, Callable, Dict, Iterable, List, Set, Tuple
 
 import numpy

@@ -1,6 +1,7 @@
 """Generated gold data with every annotation spaCy's built-in scorers read, and a
 small tok2vec pipeline with every trainable built-in component, for parity tests
 and benchmarks of the score states. Nothing is downloaded."""
+
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -9,22 +10,30 @@ from spacy.tokens import Doc, Span
 from spacy.training import Example
 
 # (word, tag, pos, morph, lemma); sentences add (entity label, entity text).
-_DETS = [("the", "DT", "DET", "Definite=Def|PronType=Art", "the"),
-         ("a", "DT", "DET", "Definite=Ind|PronType=Art", "a")]
-_NOUNS = [("report", "NN", "NOUN", "Number=Sing", "report"),
-          ("reports", "NNS", "NOUN", "Number=Plur", "report"),
-          ("council", "NN", "NOUN", "Number=Sing", "council"),
-          ("prices", "NNS", "NOUN", "Number=Plur", "price"),
-          ("meeting", "NN", "NOUN", "Number=Sing", "meeting"),
-          ("teams", "NNS", "NOUN", "Number=Plur", "team")]
-_VERBS = [("praised", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "praise"),
-          ("visits", "VBZ", "VERB", "Number=Sing|Person=3|Tense=Pres|VerbForm=Fin", "visit"),
-          ("joined", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "join"),
-          ("criticise", "VBP", "VERB", "Tense=Pres|VerbForm=Fin", "criticise"),
-          ("left", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "leave")]
-_ADVS = [("today", "NN", "NOUN", "Number=Sing", "today"),
-         ("again", "RB", "ADV", "", "again"),
-         ("quietly", "RB", "ADV", "Degree=Pos", "quietly")]
+_DETS = [
+    ("the", "DT", "DET", "Definite=Def|PronType=Art", "the"),
+    ("a", "DT", "DET", "Definite=Ind|PronType=Art", "a"),
+]
+_NOUNS = [
+    ("report", "NN", "NOUN", "Number=Sing", "report"),
+    ("reports", "NNS", "NOUN", "Number=Plur", "report"),
+    ("council", "NN", "NOUN", "Number=Sing", "council"),
+    ("prices", "NNS", "NOUN", "Number=Plur", "price"),
+    ("meeting", "NN", "NOUN", "Number=Sing", "meeting"),
+    ("teams", "NNS", "NOUN", "Number=Plur", "team"),
+]
+_VERBS = [
+    ("praised", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "praise"),
+    ("visits", "VBZ", "VERB", "Number=Sing|Person=3|Tense=Pres|VerbForm=Fin", "visit"),
+    ("joined", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "join"),
+    ("criticise", "VBP", "VERB", "Tense=Pres|VerbForm=Fin", "criticise"),
+    ("left", "VBD", "VERB", "Tense=Past|VerbForm=Fin", "leave"),
+]
+_ADVS = [
+    ("today", "NN", "NOUN", "Number=Sing", "today"),
+    ("again", "RB", "ADV", "", "again"),
+    ("quietly", "RB", "ADV", "Degree=Pos", "quietly"),
+]
 _ENTS = {
     "PERSON": ["Ada Lindqvist", "Tomas Okafor", "Mira Sandoval", "Ravi Menon"],
     "ORG": ["Northwind Analytics", "Bluefield Bank", "Quillon Labs"],
@@ -113,8 +122,17 @@ def make_scoring_doc(nlp: Language, rng: random.Random, *, missing: bool = True)
         if words[k + 1] == ".":
             spaces[k] = False
     spaces[-1] = False
-    doc = Doc(nlp.vocab, words=words, spaces=spaces, tags=tags, pos=pos, morphs=morphs,
-              lemmas=lemmas, heads=heads, deps=deps)
+    doc = Doc(
+        nlp.vocab,
+        words=words,
+        spaces=spaces,
+        tags=tags,
+        pos=pos,
+        morphs=morphs,
+        lemmas=lemmas,
+        heads=heads,
+        deps=deps,
+    )
     doc.ents = [
         Span(doc, s, e, label=label, kb_id=ENTITY_IDS[text] if rng.random() < 0.8 else "NIL")
         for s, e, label, text in ents
@@ -183,8 +201,16 @@ _SMALL_TOK2VEC = {
 }
 
 PIPELINE_COMPONENTS = (
-    "tagger", "morphologizer", "trainable_lemmatizer", "senter", "parser", "ner",
-    "entity_linker", "textcat", "textcat_multilabel", "spancat",
+    "tagger",
+    "morphologizer",
+    "trainable_lemmatizer",
+    "senter",
+    "parser",
+    "ner",
+    "entity_linker",
+    "textcat",
+    "textcat_multilabel",
+    "spancat",
 )
 
 
@@ -202,29 +228,70 @@ def build_scoring_pipeline(
     small = {"tok2vec": dict(_SMALL_TOK2VEC)}
     nlp.add_pipe("tagger", config={"model": {"@architectures": "spacy.Tagger.v2", **small}})
     nlp.add_pipe("morphologizer", config={"model": {"@architectures": "spacy.Tagger.v2", **small}})
-    nlp.add_pipe("trainable_lemmatizer", config={"backoff": "orth", "model": {
-        "@architectures": "spacy.Tagger.v2", **small}})
+    nlp.add_pipe(
+        "trainable_lemmatizer",
+        config={"backoff": "orth", "model": {"@architectures": "spacy.Tagger.v2", **small}},
+    )
     nlp.add_pipe("senter", config={"model": {"@architectures": "spacy.Tagger.v2", **small}})
-    parser_model = {"@architectures": "spacy.TransitionBasedParser.v2", "state_type": "parser",
-                    "extra_state_tokens": False, "hidden_width": 16, "maxout_pieces": 2,
-                    "use_upper": True, "nO": None, **small}
+    parser_model = {
+        "@architectures": "spacy.TransitionBasedParser.v2",
+        "state_type": "parser",
+        "extra_state_tokens": False,
+        "hidden_width": 16,
+        "maxout_pieces": 2,
+        "use_upper": True,
+        "nO": None,
+        **small,
+    }
     nlp.add_pipe("parser", config={"model": parser_model})
     ner_model = dict(parser_model, state_type="ner")
     nlp.add_pipe("ner", config={"model": ner_model})
-    el = nlp.add_pipe("entity_linker", config={"incl_prior": True, "model": {
-        "@architectures": "spacy.EntityLinker.v2", "nO": None, **small}})
+    el = nlp.add_pipe(
+        "entity_linker",
+        config={
+            "incl_prior": True,
+            "model": {"@architectures": "spacy.EntityLinker.v2", "nO": None, **small},
+        },
+    )
     el.set_kb(_create_kb)
-    nlp.add_pipe("textcat", config={"model": {
-        "@architectures": "spacy.TextCatBOW.v3", "exclusive_classes": True, "ngram_size": 1,
-        "no_output_layer": False, "length": 4096, "nO": None}})
-    nlp.add_pipe("textcat_multilabel", config={"model": {
-        "@architectures": "spacy.TextCatBOW.v3", "exclusive_classes": False, "ngram_size": 1,
-        "no_output_layer": False, "length": 4096, "nO": None}})
-    nlp.add_pipe("spancat", config={"spans_key": SPANS_KEY, "model": {
-        "@architectures": "spacy.SpanCategorizer.v1",
-        "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 16},
-        "scorer": {"@layers": "spacy.LinearLogistic.v1", "nO": None, "nI": None},
-        "tok2vec": dict(_SMALL_TOK2VEC)}})
+    nlp.add_pipe(
+        "textcat",
+        config={
+            "model": {
+                "@architectures": "spacy.TextCatBOW.v3",
+                "exclusive_classes": True,
+                "ngram_size": 1,
+                "no_output_layer": False,
+                "length": 4096,
+                "nO": None,
+            }
+        },
+    )
+    nlp.add_pipe(
+        "textcat_multilabel",
+        config={
+            "model": {
+                "@architectures": "spacy.TextCatBOW.v3",
+                "exclusive_classes": False,
+                "ngram_size": 1,
+                "no_output_layer": False,
+                "length": 4096,
+                "nO": None,
+            }
+        },
+    )
+    nlp.add_pipe(
+        "spancat",
+        config={
+            "spans_key": SPANS_KEY,
+            "model": {
+                "@architectures": "spacy.SpanCategorizer.v1",
+                "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 16},
+                "scorer": {"@layers": "spacy.LinearLogistic.v1", "nO": None, "nI": None},
+                "tok2vec": dict(_SMALL_TOK2VEC),
+            },
+        },
+    )
     nlp.config["initialize"]["components"] = {
         "textcat": {"labels": list(TEXTCAT_LABELS), "positive_label": TEXTCAT_LABELS[0]},
     }
@@ -240,7 +307,8 @@ def build_scoring_pipeline(
     rng = random.Random(seed)
     for _ in range(n_steps):
         idx = rng.sample(range(len(examples)), min(16, len(examples)))
-        nlp.update([exclusive[i] for i in idx], sgd=optimizer, drop=0.0,
-                   exclude=["textcat_multilabel"])
+        nlp.update(
+            [exclusive[i] for i in idx], sgd=optimizer, drop=0.0, exclude=["textcat_multilabel"]
+        )
         multilabel.update([multi[i] for i in idx], sgd=optimizer, drop=0.0)
     return nlp

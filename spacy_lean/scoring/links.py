@@ -1,4 +1,5 @@
 """Mergeable twin of `Scorer.score_links` (entity_linker, `nel_*`)."""
+
 from typing import Any, Dict, Iterable
 
 from spacy.scorer import PRFScore

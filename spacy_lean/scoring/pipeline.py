@@ -1,5 +1,6 @@
 """Score state of a whole pipeline: the mergeable twin of `Scorer(nlp).score`
 plus `speed`, i.e. of what `nlp.evaluate` returns."""
+
 import base64
 import hashlib
 import warnings
@@ -102,8 +103,7 @@ class SlimExamplesState(ScoreState):
         pred = DocBin().from_bytes(base64.b64decode(data["predicted"]))
         ref = DocBin().from_bytes(base64.b64decode(data["reference"]))
         self.examples = [
-            Example(p, r)
-            for p, r in zip(pred.get_docs(self.vocab), ref.get_docs(self.vocab))
+            Example(p, r) for p, r in zip(pred.get_docs(self.vocab), ref.get_docs(self.vocab))
         ]
         return self
 

@@ -1,5 +1,6 @@
 """Mergeable twins of spaCy's span scorers: `Scorer.score_spans` (sentences,
 spancat `spans_<key>_*`, span_finder, span_ruler) and `get_ner_prf` (`ents_*`)."""
+
 from typing import Any, Callable, Dict, Iterable, Optional, Set
 
 import numpy
@@ -71,9 +72,7 @@ class SpansState(ScoreState):
             gold_keys = {self._key(span) for span in gold}
             pred_keys: Set[Any] = set()
             if use_pred:
-                aligned = eg.get_aligned_spans_x2y(
-                    getter(pred_doc, attr), self.allow_overlap
-                )
+                aligned = eg.get_aligned_spans_x2y(getter(pred_doc, attr), self.allow_overlap)
                 pred_keys = {self._key(span) for span in aligned}
             self.score.score_set(pred_keys, gold_keys)
             if self.labeled:

@@ -6,6 +6,7 @@ Counting works on whole-doc numpy arrays (`Doc.to_array` and the example's
 alignment arrays); Python runs per distinct value, not per token, unless a custom
 getter is configured.
 """
+
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy
@@ -150,9 +151,7 @@ class TokenizationState(ScoreState):
             gold_spans = self._codes(gold_parts[lo : lo + chunk], base)
             pred_spans = self._codes(pred_parts[lo : lo + chunk], base)
             tp = numpy.intersect1d(pred_spans, gold_spans, assume_unique=True).shape[0]
-            prf_add_counts(
-                self.prf, tp, pred_spans.shape[0] - tp, gold_spans.shape[0] - tp
-            )
+            prf_add_counts(self.prf, tp, pred_spans.shape[0] - tp, gold_spans.shape[0] - tp)
 
     @staticmethod
     def _spans(doc: Doc) -> Tuple[numpy.ndarray, numpy.ndarray]:
@@ -229,9 +228,7 @@ class TokenAttrState(ScoreState):
             single, gold_i = aligned_single(eg)
             sel = single & ~space_mask(eg.predicted)
             if sel.any():
-                p_vals, _ = token_values(
-                    eg.predicted, self.attr, self.getter, self.missing_values
-                )
+                p_vals, _ = token_values(eg.predicted, self.attr, self.getter, self.missing_values)
                 gi = gold_i[sel]
                 keep = ~g_missing[gi]
                 pred_gi.append(gi[keep] + offset)
@@ -338,9 +335,7 @@ class TokenAttrPerFeatState(ScoreState):
             single, gold_i = aligned_single(eg)
             sel = single & ~space_mask(eg.predicted)
             if sel.any():
-                p_vals, _ = token_values(
-                    eg.predicted, self.attr, self.getter, self.missing_values
-                )
+                p_vals, _ = token_values(eg.predicted, self.attr, self.getter, self.missing_values)
                 pred_vals.append(p_vals[sel])
                 pred_gi.append(gold_i[sel] + offset)
                 pred_doc.append(numpy.full(int(sel.sum()), k, dtype=numpy.int64))

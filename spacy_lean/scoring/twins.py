@@ -10,6 +10,7 @@ registry (from the pipeline config) in `twin_registry`, (2) the scorer function
 itself (after unwrapping `functools.partial`) in the table filled by
 `register_twin(func)`. Built-in scorers are registered both ways.
 """
+
 import functools
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -33,9 +34,7 @@ twin_registry = catalogue.create("spacy_lean", "scoring_twins", entry_points=Tru
 _twins_by_function: Dict[Callable, TwinFactory] = {}
 
 
-def register_twin(
-    scorer: Union[str, Callable], factory: Optional[TwinFactory] = None
-) -> Any:
+def register_twin(scorer: Union[str, Callable], factory: Optional[TwinFactory] = None) -> Any:
     """Register a mergeable twin for a scorer. Use as a decorator or call directly.
 
     scorer (Union[str, Callable]): The scorer's name in spaCy's `@scorers`

@@ -1,6 +1,7 @@
 """Training helpers: out-of-memory-safe updates with token-budget gradient
 accumulation (`lean_update`, `UpdatePolicy`), their `spacy train` callback
 (`spacy-lean.lean_training.v1`) and the data-parallel loop."""
+
 from .callbacks import get_update_policy, install_lean_update, make_lean_training_v1
 from .parser_grad import install_exact_parser_gradient
 from .update import (

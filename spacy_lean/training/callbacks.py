@@ -1,6 +1,7 @@
 """spaCy integration: make `nlp.update` out-of-memory-safe on an instance, so stock
 `spacy train config.cfg` trains with `lean_update` (an `[nlp.after_pipeline_creation]`
 callback, like the streaming evaluation's)."""
+
 import functools
 from typing import Any, Callable, Dict, Iterable, Optional
 

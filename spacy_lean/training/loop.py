@@ -156,9 +156,7 @@ class RankBatches:
         else:
             if hasattr(self.corpus, "set_state") and hasattr(self.corpus, "epoch"):
                 self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
-            examples = _share(
-                self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass
-            )
+            examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass)
         self.skipped = 0
         if skip_examples:
             for _ in zip(range(skip_examples), examples):

@@ -13,6 +13,7 @@ another W gradient than the whole), although every other gradient adds up.
 back out (the "pad" gradient, which is right, is left alone). The forward pass, and the
 gradients of every other parameter and of the input, are unchanged.
 """
+
 from typing import Any, Callable, Tuple
 
 from spacy.language import Language

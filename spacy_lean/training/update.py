@@ -30,6 +30,7 @@ Exact only with dropout 0: dropout draws random masks per call. The parser's ora
 (`update_with_oracle_cut_size`) draws a random length per call too, which matters for
 docs longer than half of it.
 """
+
 import gc
 import sys
 import warnings
@@ -436,7 +437,7 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
                 f"Splitting a batch for component '{name}' (factory '{factory}'), whose loss "
                 "normalisation spacy-lean has not checked: the micro-batches' gradients are "
                 "summed, which equals the whole batch's update only if its gradient is a sum "
-                "over the batch. Set `lean_loss_reduction = \"sum\"` (or \"mean\" for a loss "
+                'over the batch. Set `lean_loss_reduction = "sum"` (or "mean" for a loss '
                 "value averaged over docs) on the component to declare it.",
             )
     return reductions
@@ -529,8 +530,16 @@ def lean_update(
             spans = sorted_span_groups(nlp, train=True) if policy.sort_spans else nullcontext()
             with fast_alignment(), spans:
                 _update_groups(
-                    nlp, examples, groups, state, losses, policy, progress,
-                    drop=drop, exclude=exclude, annotates=annotates,
+                    nlp,
+                    examples,
+                    groups,
+                    state,
+                    losses,
+                    policy,
+                    progress,
+                    drop=drop,
+                    exclude=exclude,
+                    annotates=annotates,
                     component_cfg=component_cfg,
                 )
         except oom_errors as err:
