@@ -573,7 +573,17 @@ def lean_update(
     if n_micro > 1:
         policy.split_batches += 1
     if policy.max_padded_tokens is not None:
-        policy.oversize_docs += sum(1 for n in lengths if n > policy.max_padded_tokens)
+        oversize = [n for n in lengths if n > policy.max_padded_tokens]
+        policy.oversize_docs += len(oversize)
+        if oversize:
+            policy.warn_once(
+                "oversize",
+                f"A doc of {max(oversize):,} {policy.unit} is longer than max_padded_tokens = "
+                f"{policy.max_padded_tokens:,}: it is updated alone, in a micro-batch of its own "
+                "size (never cut or dropped), so the ceiling does not bound its memory. Such "
+                "docs are counted in the update policy's oversize_docs; cut long docs with the "
+                "reader's max_length, or raise max_padded_tokens.",
+            )
     if retried:
         policy.oom_splits += 1
         if policy.learn(padded, limit):
