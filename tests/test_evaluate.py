@@ -294,6 +294,23 @@ def test_lean_training_eval_budget_is_checked_like_the_streaming_callbacks(bad):
         registry.resolve(cfg)
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [("eval_window_size", 4), ("eval_max_batch_tokens", 64), ("eval_trim_slack_mb", None)],
+)
+def test_lean_training_eval_settings_without_streaming_evaluate_are_refused(setting):
+    """With streaming_evaluate = false nothing would take the eval_* settings: refused
+    when the config is resolved, naming them and the fix, not silently ignored."""
+    from spacy.util import registry
+
+    name, value = setting
+    cfg = {"cb": {"@callbacks": "spacy-lean.lean_training.v1", "streaming_evaluate": False}}
+    registry.resolve(cfg)  # the defaults are fine
+    cfg["cb"][name] = value
+    with pytest.raises(ValueError, match=f"{name} set .* streaming_evaluate = true, or remove"):
+        registry.resolve(cfg)
+
+
 def test_oom_on_a_single_doc_is_raised(trf_ner_nlp, gold_docs):
     trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 0})
     with warnings.catch_warnings():

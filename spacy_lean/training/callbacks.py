@@ -141,6 +141,19 @@ def make_lean_training_v1(
     if eval_max_batch_tokens is not None:
         check_max_batch_tokens(eval_max_batch_tokens)
     check_trim_slack_mb(eval_trim_slack_mb)
+    given = {
+        "eval_window_size": (eval_window_size, None),
+        "eval_max_batch_tokens": (eval_max_batch_tokens, None),
+        "eval_trim_slack_mb": (eval_trim_slack_mb, 0.0),
+    }
+    ignored = [name for name, (value, default) in given.items() if value != default]
+    if not streaming_evaluate and ignored:
+        raise ValueError(
+            f"{CALLBACK_NAME}: {', '.join(ignored)} set the streaming evaluation's settings, "
+            "but streaming_evaluate = false installs none (nlp.evaluate stays spaCy's, and "
+            "`spacy lean train` evaluates with the defaults). Set streaming_evaluate = true, "
+            "or remove them."
+        )
 
     def after_pipeline_creation(nlp: Language) -> Language:
         policy = UpdatePolicy(
