@@ -25,8 +25,8 @@ was loaded (the kernel's mark is reset once `spacy.util.load_model` returns: tha
 the evaluation's own peak), the load average before and after, and the scores. The
 arms run interleaved (order alternating per repeat), so load changes hit both.
 
-    python benchmarks/eval_memory.py              # small model: 300/1200/4800 docs, file and shards;
-                                                  # base model: wall-time ratio on 300 docs
+    python benchmarks/eval_memory.py              # small model: 300/1200/4800 docs, file and
+                                                  # shards; base model: wall-time ratio on 300 docs
     python benchmarks/eval_memory.py --quick      # 20/80/320 docs
     nice -n 10 python benchmarks/eval_memory.py --timing-size 1200 --timing-repeats 2 \
         --small-timing-repeats 4                  # the recorded run: wall-time ratios at
@@ -242,8 +242,10 @@ def run_series(
                     result.update(model=model_kind, layout=layout, size=size, repeat=rep)
                     runs.append(result)
                     print(
-                        f"{model_kind:5s} {layout:6s} {size:5d} {arm:22s} wall {result['wall_seconds']:6.1f}s "
-                        f"peak {result['peak_rss_after_load_mb']:6.0f} MB (process {result['peak_rss_process_mb']:.0f}) "
+                        f"{model_kind:5s} {layout:6s} {size:5d} {arm:22s} "
+                        f"wall {result['wall_seconds']:6.1f}s "
+                        f"peak {result['peak_rss_after_load_mb']:6.0f} MB "
+                        f"(process {result['peak_rss_process_mb']:.0f}) "
                         f"load {result['load_avg_before'][0]:.1f}",
                         file=sys.stderr,
                         flush=True,

@@ -42,14 +42,14 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _devsets import write_tiled  # noqa: E402
-from eval_memory import (
+from eval_memory import (  # noqa: E402
     LEAN_ARM,
     SLACK16_ARM,
     STOCK_ARM,
     build_model,
     run_child,
     without_speed,
-)  # noqa: E402
+)
 
 RESULTS = Path(__file__).parent / "results" / "eval_shapes.json"
 SHAPES = ("tweets", "conll", "long")

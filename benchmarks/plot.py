@@ -12,7 +12,8 @@ One PNG per results file, named like it (`eval_memory.json` -> `eval_memory.png`
 - charlm_long_doc: peak memory of one long doc, whole vs in chunks, and seconds by chunk length;
 - train_memory: peak RSS against training-corpus and dev-set size, and words/s, by system;
 - spacy_evaluate_memory: peak RSS of `spacy evaluate` against dev-set size, per arm and layout;
-- train_accuracy: dev F per variant (mean, min-max over seeds, stock's spread shaded) and CPU s per run;
+- train_accuracy: dev F per variant (mean, min-max over seeds, stock's spread shaded) and CPU s
+  per run;
 - eval_heap_trim: peak RSS, minor page faults and CPU seconds per heap-trimming policy and size;
 - any other file: bars of each measured quantity (memory, time, speed, ratio...) of
   the first group of two or more named entries found in it; skipped if it has none.

@@ -14,11 +14,12 @@ partial results survive.
 
 Runs are interleaved seed-major (seed 0 of every variant, then seed 1, ...), at most
 --jobs at once, each with OMP_NUM_THREADS=1, so machine load affects every variant
-alike. With --tiers, the variants of the first tier (separated by "/") run for
-every seed before the second tier starts, and so on, so that on a busy machine the
-comparison that matters most completes first. --resume keeps the runs already in
-the output file (same settings) and runs only the missing ones. Every run evaluates once, at its last step. Peak RSS (per run, from wait4) and
-CPU seconds are recorded, with the load average.
+alike. With --tiers, the variants of the first tier (separated by "/") run for every
+seed before the second tier starts, and so on, so that on a busy machine the
+comparison that matters most completes first. --resume keeps the runs already in the
+output file (same settings) and runs only the missing ones. Every run evaluates
+once, at its last step. Peak RSS (per run, from wait4) and CPU seconds are recorded,
+with the load average.
 """
 
 import argparse

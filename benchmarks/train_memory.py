@@ -16,7 +16,8 @@ On a 2-core machine with one torch thread per process (the default `--threads 1`
 
     nice -n 10 python benchmarks/train_memory.py [--quick]
     nice -n 10 python benchmarks/train_memory.py --add-factor 64   # then: a 64x corpus, merged in
-    nice -n 10 python benchmarks/train_memory.py --speed-arms 3    # then: words/s by piece length and cut
+    nice -n 10 python benchmarks/train_memory.py --speed-arms 3    # then: words/s by piece length
+                                                                   # and cut
     python benchmarks/train_memory.py --gpu-id 0 --threads 4        # on a GPU: also peak GPU memory
 
 With --gpu-id every run trains on that GPU (`--gpu-id` for one process; with --nproc 2,
@@ -432,9 +433,9 @@ def summarize(runs):
             "words_per_s_ratio": round(two[0]["words_per_s"] / one[0]["words_per_s"], 3),
             "ents_f_1": one[0]["ents_f"],
             "ents_f_2": two[0]["ents_f"],
-            "note": "each process runs --threads torch threads (default 1): 2 ranks can use both cores "
-            "where 1 process uses one; each rank takes batch_size tokens per step, so 2 ranks train on "
-            "twice the data per step",
+            "note": "each process runs --threads torch threads (default 1): 2 ranks can use both "
+            "cores where 1 process uses one; each rank takes batch_size tokens per step, so 2 "
+            "ranks train on twice the data per step",
         }
     return summary
 

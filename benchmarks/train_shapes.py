@@ -8,8 +8,9 @@ re-cut into `eval_shapes.py`'s three shapes (tweets: one sentence of at most 30 
 with a handle and most with a hashtag; conll: "-DOCSTART-" then 1-10 sentences; long:
 8-16 news docs joined, thousands of tokens each), each handed over as one big .spacy file:
 a training corpus of about --tokens tokens at 1x and 16x (and 64x, for `spacy lean train`
-alone), a dev set of a third of that at 1x and 8x (generated from other seeds). Every run is train_memory.py's: a fresh
-`python -m spacy train` (stock config `configs/ner_trf_stock.cfg`) or
+alone), a dev set of a third of that at 1x and 8x (generated from other seeds). Every run
+is train_memory.py's: a fresh `python -m spacy train` (stock config
+`configs/ner_trf_stock.cfg`) or
 `python -m spacy lean train` (lean config `configs/ner_trf.cfg`), the same 2-layer
 64-wide local BERT, 150 steps, a batch of 1,000 words, one evaluation at the end; runs
 alternate stock / lean. Per shape: the 1x pair --repeats times (words/s between the first

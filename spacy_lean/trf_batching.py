@@ -12,14 +12,14 @@ their spans).
 forward pass of the Hugging Face layer of every spacy-transformers `Transformer` in the
 pipeline, in prediction (`is_train=False`; in training too with `train=True`): the
 batch's rows are sorted by their real length, cut into the groups that minimise the
-wordpieces computed plus a cost per model call (`plan_groups`), each group run trimmed to its own longest row (rounded up to
-a multiple of 16), and the outputs put back in the original row order
-at the original padded width (positions past a row's length are zeros instead of the
-model's values for padding, which nothing reads: the alignment only points at real
-wordpieces). What the listeners and `doc._.trf_data` see for real wordpieces is what
-the model computes for them; the only difference is float rounding from tensors of
-other shapes (below 1e-5 in the tests). Training is changed only with `train=True` (what
-`lean_update` does): then each group keeps its own backward pass.
+wordpieces computed plus a cost per model call (`plan_groups`), each group run trimmed
+to its own longest row (rounded up to a multiple of 16), and the outputs put back in the
+original row order at the original padded width (positions past a row's length are zeros
+instead of the model's values for padding, which nothing reads: the alignment only
+points at real wordpieces). What the listeners and `doc._.trf_data` see for real
+wordpieces is what the model computes for them; the only difference is float rounding
+from tensors of other shapes (below 1e-5 in the tests). Training is changed only with
+`train=True` (what `lean_update` does): then each group keeps its own backward pass.
 """
 
 import contextlib

@@ -9,7 +9,6 @@ pipeline; and a `train-charlm --resume` directory.
 """
 
 import codecs
-import copyreg
 import io
 import json
 import os

@@ -408,7 +408,8 @@ def test_settings_tables_match_the_signatures():
                     list(real) if isinstance(real, (list, tuple)) else real
                 ):
                     problems.append(
-                        f"{name}: `{setting}` defaults to {real!r}; {page} says {documented[setting]}"
+                        f"{name}: `{setting}` defaults to {real!r}; "
+                        f"{page} says {documented[setting]}"
                     )
     assert not problems, "\n".join(problems)
 

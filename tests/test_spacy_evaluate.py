@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import spacy
-import srsly
 import typer
 from typer.testing import CliRunner
 

@@ -42,24 +42,45 @@ _METRICS = (
 def evaluate_cli(
     # fmt: off
     model: str = Arg(..., help="Pipeline name or path"),
-    data_path: Path = Arg(..., help="Evaluation data: a .spacy file, a folder of .spacy shards, or a .jsonl file"),
-    output: Optional[Path] = Opt(None, "--output", "-o", help="Output JSON file for the scores", dir_okay=False),
-    code_path: Optional[Path] = Opt(None, "--code", "-c", help="Path to Python file with additional code (registered functions) to be imported"),
-    use_gpu: int = Opt(-1, "--gpu-id", "-g", help="GPU ID or -1 for CPU (with --workers: >= 0 uses every visible GPU)"),
+    data_path: Path = Arg(..., help=(
+        "Evaluation data: a .spacy file, a folder of .spacy shards, or a .jsonl file")),
+    output: Optional[Path] = Opt(None, "--output", "-o", help=(
+        "Output JSON file for the scores"), dir_okay=False),
+    code_path: Optional[Path] = Opt(None, "--code", "-c", help=(
+        "Path to Python file with additional code (registered functions) to be imported")),
+    use_gpu: int = Opt(-1, "--gpu-id", "-g", help=(
+        "GPU ID or -1 for CPU (with --workers: >= 0 uses every visible GPU)")),
     gold_preproc: bool = Opt(False, "--gold-preproc", "-G", help="Use gold preprocessing"),
-    per_component: bool = Opt(False, "--per-component", "-P", help="Return scores per component (saved with --output)"),
-    spans_key: str = Opt("sc", "--spans-key", "-sk", help="Spans key to use when evaluating Doc.spans"),
-    batch_size: Optional[int] = Opt(None, "--batch-size", "-b", help="Docs per batch (default: the pipeline's batch_size)"),
-    window_size: Optional[int] = Opt(None, "--window-size", help="Examples read ahead and sorted by length (default: 8 batches; 0 keeps the input order)"),
-    max_batch_tokens: Optional[int] = Opt(None, "--max-batch-tokens", help="Memory budget of a batch in padded tokens, docs x longest doc (default: the transformer's max_batch_items, else 4096); a window holds at most as many tokens as its batches"),
-    trim_slack_mb: float = Opt(0.0, "--trim-slack-mb", help="Hand the memory the C heap freed back to the OS only once resident memory has grown this many MB above its level right after the last trim (default 0: after every batch, the lowest peak; e.g. 16: less CPU time on many short docs, a slightly higher peak)"),
-    trim_heap: bool = Opt(True, "--trim-heap/--no-trim-heap", help="Hand freed heap memory back to the OS at all (--no-trim-heap: never; the least CPU time, a peak that creeps up with the batches)"),
-    checkpoint: Optional[Path] = Opt(None, "--checkpoint", help="JSON file to save progress to; a rerun resumes from it", dir_okay=False),
-    checkpoint_every: int = Opt(50, "--checkpoint-every", help="Save the checkpoint every N batches (every N shards with --workers)"),
-    workers: int = Opt(1, "--workers", "-w", help="Evaluate with N worker processes (or Ray actors), merging their scores"),
-    backend: str = Opt("processes", "--backend", help="Where --workers run: 'processes' (this machine) or 'ray'"),
-    ray_address: Optional[str] = Opt(None, "--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)"),
-    max_retries: int = Opt(2, "--max-retries", help="Times a shard is retried when its worker dies"),
+    per_component: bool = Opt(False, "--per-component", "-P", help=(
+        "Return scores per component (saved with --output)")),
+    spans_key: str = Opt("sc", "--spans-key", "-sk", help=(
+        "Spans key to use when evaluating Doc.spans")),
+    batch_size: Optional[int] = Opt(None, "--batch-size", "-b", help=(
+        "Docs per batch (default: the pipeline's batch_size)")),
+    window_size: Optional[int] = Opt(None, "--window-size", help=(
+        "Examples read ahead and sorted by length (default: 8 batches; 0 keeps the input order)")),
+    max_batch_tokens: Optional[int] = Opt(None, "--max-batch-tokens", help=(
+        "Memory budget of a batch in padded tokens, docs x longest doc (default: the transformer's "
+        "max_batch_items, else 4096); a window holds at most as many tokens as its batches")),
+    trim_slack_mb: float = Opt(0.0, "--trim-slack-mb", help=(
+        "Hand the memory the C heap freed back to the OS only once resident memory has grown this "
+        "many MB above its level right after the last trim (default 0: after every batch, the "
+        "lowest peak; e.g. 16: less CPU time on many short docs, a slightly higher peak)")),
+    trim_heap: bool = Opt(True, "--trim-heap/--no-trim-heap", help=(
+        "Hand freed heap memory back to the OS at all (--no-trim-heap: never; the least CPU time, "
+        "a peak that creeps up with the batches)")),
+    checkpoint: Optional[Path] = Opt(None, "--checkpoint", help=(
+        "JSON file to save progress to; a rerun resumes from it"), dir_okay=False),
+    checkpoint_every: int = Opt(50, "--checkpoint-every", help=(
+        "Save the checkpoint every N batches (every N shards with --workers)")),
+    workers: int = Opt(1, "--workers", "-w", help=(
+        "Evaluate with N worker processes (or Ray actors), merging their scores")),
+    backend: str = Opt("processes", "--backend", help=(
+        "Where --workers run: 'processes' (this machine) or 'ray'")),
+    ray_address: Optional[str] = Opt(None, "--ray-address", help=(
+        "Ray cluster to join (default: RAY_ADDRESS, else a local one)")),
+    max_retries: int = Opt(2, "--max-retries", help=(
+        "Times a shard is retried when its worker dies")),
     progress: bool = Opt(True, "--progress/--no-progress", help="Show a progress bar"),
     # fmt: on
 ):
@@ -202,7 +223,8 @@ def evaluate_streaming_cli(
         msg.info("Heap trimming off (--no-trim-heap): freed heap memory stays with the process")
     elif slack:
         msg.info(
-            f"Heap trimmed once resident memory has grown {slack:g} MB above its level after the last trim"
+            f"Heap trimmed once resident memory has grown {slack:g} MB above its level after the "
+            "last trim"
         )
     start = time.perf_counter()
     try:

@@ -12,11 +12,14 @@ from . import lean_cli
 def shard_cli(
     # fmt: off
     input_path: Path = typer.Argument(..., help="A .spacy or .jsonl file, or a folder of them"),
-    output_dir: Path = typer.Argument(..., help="Folder to write the shards to (created if missing)"),
+    output_dir: Path = typer.Argument(..., help=(
+        "Folder to write the shards to (created if missing)")),
     docs_per_shard: int = typer.Option(1000, "--docs-per-shard", "-n", help="Docs per shard"),
-    lang: str = typer.Option("en", "--lang", "-l", help="Language of the tokenizer for .jsonl input"),
+    lang: str = typer.Option("en", "--lang", "-l", help=(
+        "Language of the tokenizer for .jsonl input")),
     prefix: str = typer.Option("shard", "--prefix", help="Shard file name prefix"),
-    spans_key: str = typer.Option("sc", "--spans-key", help="Span group a .jsonl \"spans\" list fills ('ents': entities)"),
+    spans_key: str = typer.Option("sc", "--spans-key", help=(
+        "Span group a .jsonl \"spans\" list fills ('ents': entities)")),
     # fmt: on
 ):
     """Write a corpus as .spacy shards of N docs each, for `spacy-lean.Corpus.v1`.

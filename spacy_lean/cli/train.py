@@ -56,17 +56,30 @@ def _single_process_view() -> Iterator[None]:
 def train_cli(
     # fmt: off
     ctx: typer.Context,  # holds the config overrides (--paths.train ...)
-    config_path: Path = typer.Argument(..., help="Path to config file", exists=True, allow_dash=True),
-    output_path: Optional[Path] = typer.Option(None, "--output", "--output-path", "-o", help="Output directory: model-best, model-last, training-state"),
-    code_path: Optional[Path] = typer.Option(None, "--code", "-c", help="Path to Python file with additional code (registered functions) to be imported"),
-    verbose: bool = typer.Option(False, "--verbose", "-V", "-VV", help="Display more information for debugging purposes"),
-    use_gpu: int = typer.Option(-1, "--gpu-id", "-g", help="GPU ID or -1 for CPU (one process; see --gpu-ids for several)"),
-    gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help="Comma-separated GPU ids; local rank i uses the i-th (one process per GPU, nccl)"),
-    nproc: int = typer.Option(1, "--nproc", "-n", help="Start this many processes on this machine (gloo on the CPU, nccl with GPUs). Under torchrun leave it at 1"),
-    dist_backend: str = typer.Option("auto", "--dist-backend", help="torch.distributed backend: auto (nccl with GPUs, gloo on the CPU), nccl or gloo (GPUs too: gradients summed through host memory; e.g. several ranks on one GPU)"),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run saved in OUTPUT/training-state (any number of processes)"),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for the others in a collective before the run fails"),
-    max_padded_tokens: Optional[int] = typer.Option(None, "--max-padded-tokens", help="Ceiling in padded tokens per micro-batch (gradient accumulation by tokens)"),
+    config_path: Path = typer.Argument(..., help=(
+        "Path to config file"), exists=True, allow_dash=True),
+    output_path: Optional[Path] = typer.Option(None, "--output", "--output-path", "-o", help=(
+        "Output directory: model-best, model-last, training-state")),
+    code_path: Optional[Path] = typer.Option(None, "--code", "-c", help=(
+        "Path to Python file with additional code (registered functions) to be imported")),
+    verbose: bool = typer.Option(False, "--verbose", "-V", "-VV", help=(
+        "Display more information for debugging purposes")),
+    use_gpu: int = typer.Option(-1, "--gpu-id", "-g", help=(
+        "GPU ID or -1 for CPU (one process; see --gpu-ids for several)")),
+    gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help=(
+        "Comma-separated GPU ids; local rank i uses the i-th (one process per GPU, nccl)")),
+    nproc: int = typer.Option(1, "--nproc", "-n", help=(
+        "Start this many processes on this machine (gloo on the CPU, nccl with GPUs). Under "
+        "torchrun leave it at 1")),
+    dist_backend: str = typer.Option("auto", "--dist-backend", help=(
+        "torch.distributed backend: auto (nccl with GPUs, gloo on the CPU), nccl or gloo (GPUs "
+        "too: gradients summed through host memory; e.g. several ranks on one GPU)")),
+    resume: bool = typer.Option(False, "--resume", help=(
+        "Continue the run saved in OUTPUT/training-state (any number of processes)")),
+    timeout: float = typer.Option(600.0, "--timeout", help=(
+        "Seconds a rank waits for the others in a collective before the run fails")),
+    max_padded_tokens: Optional[int] = typer.Option(None, "--max-padded-tokens", help=(
+        "Ceiling in padded tokens per micro-batch (gradient accumulation by tokens)")),
     # fmt: on
 ):
     """Train a spaCy pipeline like `spacy train`, on one or several processes.

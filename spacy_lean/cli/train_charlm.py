@@ -25,30 +25,47 @@ class OptimizerName(str, Enum):
 @lean_cli.command("train-charlm")
 def train_charlm_cli(
     # fmt: off
-    texts: List[Path] = typer.Argument(..., help="UTF-8 text files or directories of them; documents separated by newlines", exists=True),
-    output_dir: Path = typer.Argument(..., help="Output directory: lm.pt (Flair format), training_state.pt, corpus/"),
-    direction: Direction = typer.Option(Direction.forward, "--direction", "-d", help="forward, or backward (trained on the reversed text, as Flair does)"),
+    texts: List[Path] = typer.Argument(..., help=(
+        "UTF-8 text files or directories of them; documents separated by newlines"), exists=True),
+    output_dir: Path = typer.Argument(..., help=(
+        "Output directory: lm.pt (Flair format), training_state.pt, corpus/")),
+    direction: Direction = typer.Option(Direction.forward, "--direction", "-d", help=(
+        "forward, or backward (trained on the reversed text, as Flair does)")),
     hidden_size: int = typer.Option(1024, "--hidden-size", help="Width of the LSTM"),
     nlayers: int = typer.Option(1, "--layers", help="Number of LSTM layers"),
-    embedding_size: int = typer.Option(100, "--embedding-size", help="Width of the character embeddings"),
-    nout: Optional[int] = typer.Option(None, "--nout", help="Project the LSTM output to this width (Flair's nout)"),
+    embedding_size: int = typer.Option(100, "--embedding-size", help=(
+        "Width of the character embeddings")),
+    nout: Optional[int] = typer.Option(None, "--nout", help=(
+        "Project the LSTM output to this width (Flair's nout)")),
     dropout: float = typer.Option(0.1, "--dropout", help="Dropout"),
-    bptt: int = typer.Option(250, "--bptt", help="Mean sequence length (characters per stream and step)"),
-    fixed_bptt: bool = typer.Option(False, "--fixed-bptt", help="Always use --bptt characters (no random lengths)"),
-    batch_size: int = typer.Option(100, "--batch-size", "-b", help="Parallel streams per worker (per GPU)"),
+    bptt: int = typer.Option(250, "--bptt", help=(
+        "Mean sequence length (characters per stream and step)")),
+    fixed_bptt: bool = typer.Option(False, "--fixed-bptt", help=(
+        "Always use --bptt characters (no random lengths)")),
+    batch_size: int = typer.Option(100, "--batch-size", "-b", help=(
+        "Parallel streams per worker (per GPU)")),
     lr: float = typer.Option(20.0, "--lr", help="Learning rate (20 is Flair's SGD default)"),
-    optimizer: OptimizerName = typer.Option(OptimizerName.sgd, "--optimizer", help="sgd (as Flair) or adam"),
+    optimizer: OptimizerName = typer.Option(OptimizerName.sgd, "--optimizer", help=(
+        "sgd (as Flair) or adam")),
     clip: float = typer.Option(0.25, "--clip", help="Clip the gradient norm to this value; 0: off"),
     epochs: int = typer.Option(1, "--epochs", help="Passes over the text"),
-    max_steps: int = typer.Option(0, "--max-steps", help="Stop after this many steps in all; 0: no limit"),
+    max_steps: int = typer.Option(0, "--max-steps", help=(
+        "Stop after this many steps in all; 0: no limit")),
     seed: int = typer.Option(0, "--seed", help="Seed for weights, dropout and sequence lengths"),
-    gpu_id: Optional[int] = typer.Option(None, "--gpu-id", "-g", help="GPU id, -1 for CPU; default: a GPU when available (under torchrun: LOCAL_RANK's)"),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run saved in OUTPUT_DIR (any number of workers that divides its streams)"),
-    checkpoint_every: int = typer.Option(1000, "--checkpoint-every", help="Save a checkpoint every N steps (and at the end); 0: only at the end"),
+    gpu_id: Optional[int] = typer.Option(None, "--gpu-id", "-g", help=(
+        "GPU id, -1 for CPU; default: a GPU when available (under torchrun: LOCAL_RANK's)")),
+    resume: bool = typer.Option(False, "--resume", help=(
+        "Continue the run saved in OUTPUT_DIR (any number of workers that divides its streams)")),
+    checkpoint_every: int = typer.Option(1000, "--checkpoint-every", help=(
+        "Save a checkpoint every N steps (and at the end); 0: only at the end")),
     log_every: int = typer.Option(50, "--log-every", help="Steps between loss reports"),
-    dev: Optional[Path] = typer.Option(None, "--dev", help="Held-out text (file or directory): loss and perplexity at every checkpoint; the best model goes to best-lm.pt", exists=True),
-    dictionary_from: Optional[Path] = typer.Option(None, "--dictionary-from", help="Use the character dictionary of this Flair LM checkpoint", exists=True, dir_okay=False),
-    min_char_count: int = typer.Option(1, "--min-char-count", help="When building the dictionary: keep characters seen this often"),
+    dev: Optional[Path] = typer.Option(None, "--dev", help=(
+        "Held-out text (file or directory): loss and perplexity at every checkpoint; the best "
+        "model goes to best-lm.pt"), exists=True),
+    dictionary_from: Optional[Path] = typer.Option(None, "--dictionary-from", help=(
+        "Use the character dictionary of this Flair LM checkpoint"), exists=True, dir_okay=False),
+    min_char_count: int = typer.Option(1, "--min-char-count", help=(
+        "When building the dictionary: keep characters seen this often")),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (per worker)"),
     # fmt: on
 ):

@@ -488,7 +488,9 @@ class DocBinReader:
                     flags = flags_items.next() if flags_items is not None else {}
                     if flags.get("has_unknown_spaces"):
                         doc_spaces = None
-                    doc = Doc(vocab, words=table[:, orth_col], spaces=doc_spaces)  # type: ignore[arg-type]
+                    doc = Doc(
+                        vocab, words=table[:, orth_col], spaces=doc_spaces  # type: ignore[arg-type]
+                    )
                     doc = doc.from_array(attrs, table)
                     doc.cats = cats.next()  # type: ignore[union-attr]
                     groups = span_groups.next() if span_groups is not None else b""

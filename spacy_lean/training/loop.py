@@ -867,7 +867,10 @@ def train(
 
     start_time = timer()
     batch_iter = batches.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
-    if rank_resume is not None and int(resume["world_size"]) == ctx.world_size:  # type: ignore[index]
+    if (
+        rank_resume is not None
+        and int(resume["world_size"]) == ctx.world_size  # type: ignore[index]
+    ):
         _set_rng_states(rank_resume["rng"])
     steps_this_epoch = skip_batches + skip_examples
     finished = False
