@@ -890,14 +890,18 @@ class EvalCheckpoint:
         # Python's json writes floats exactly (shortest repr; srsly keeps 10 digits) and,
         # with allow_nan=False, strict JSON. The score states carry their floats as hex
         # strings (inf and nan included), so a non-finite float here is a bug: refused
-        # before anything is written, so the last save stays.
-        bad = _find_in_json(data, lambda v: isinstance(v, float) and not math.isfinite(v))
-        if bad is not None:
+        # before anything is written, so the last save stays. The data is walked to name
+        # the field only then, not on every save.
+        try:
+            text = json.dumps(data, allow_nan=False)
+        except ValueError:
+            bad = _find_in_json(data, lambda v: isinstance(v, float) and not math.isfinite(v))
+            if bad is None:
+                raise
             raise ValueError(
                 f"Cannot save the checkpoint {self.path}: {bad[0]} = {bad[1]!r}, which strict "
                 "JSON cannot hold (the last save is kept). Please report this as a bug."
-            )
-        text = json.dumps(data, allow_nan=False)
+            ) from None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(text, encoding="utf8")

@@ -3,6 +3,7 @@
 callback, like the streaming evaluation's)."""
 
 import functools
+import inspect
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from spacy.language import Language
@@ -142,11 +143,12 @@ def make_lean_training_v1(
         check_max_batch_tokens(eval_max_batch_tokens)
     check_trim_slack_mb(eval_trim_slack_mb)
     given = {
-        "eval_window_size": (eval_window_size, None),
-        "eval_max_batch_tokens": (eval_max_batch_tokens, None),
-        "eval_trim_slack_mb": (eval_trim_slack_mb, 0.0),
+        "eval_window_size": eval_window_size,
+        "eval_max_batch_tokens": eval_max_batch_tokens,
+        "eval_trim_slack_mb": eval_trim_slack_mb,
     }
-    ignored = [name for name, (value, default) in given.items() if value != default]
+    defaults = inspect.signature(make_lean_training_v1).parameters
+    ignored = [name for name, value in given.items() if value != defaults[name].default]
     if not streaming_evaluate and ignored:
         raise ValueError(
             f"{CALLBACK_NAME}: {', '.join(ignored)} set the streaming evaluation's settings, "
