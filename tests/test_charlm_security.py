@@ -26,7 +26,7 @@ import spacy
 import srsly
 import torch
 
-from spacy_lean.charlm import CharLM, flair_format
+from spacy_lean.charlm import CharLM, flair_format, safe_torch
 from spacy_lean.charlm.flair_format import FlairDictionaryState
 from spacy_lean.charlm.loader import EncodedText
 from spacy_lean.charlm.safe_torch import MAX_BYTES_ENV, CheckpointError
@@ -593,6 +593,34 @@ def test_zip_records_that_unpack_beyond_the_file(tmp_path):
         archive.writestr("archive/version", "3\n")
     assert path.stat().st_size < 10_000
     _refused(path, "zip records would unpack to 2,000,", "more than the whole file")
+
+
+class _ReaderWithoutSizes:
+    """torch's zip reader as torch 2.11 has it: no get_record_size (seen on a GPU
+    machine: every checkpoint load failed with an AttributeError)."""
+
+    def __init__(self, stream):
+        self._reader = torch._C.PyTorchFileReader(stream)
+
+    def get_all_records(self):
+        return self._reader.get_all_records()
+
+
+def test_zip_check_without_torchs_record_sizes(tmp_path, monkeypatch):
+    """Older torch's zip reader cannot tell a record's size: the sizes come from the
+    archive's central directory instead, with the same verdicts."""
+    assert CharLM.load(FLAIR_FILE).hidden_size == 24
+    expected = sum(info.file_size for info in zipfile.ZipFile(FLAIR_FILE).infolist())
+    reader = torch._C.PyTorchFileReader(str(FLAIR_FILE))
+    if hasattr(reader, "get_record_size"):  # this torch: both ways agree
+        records = reader.get_all_records()
+        assert sum(reader.get_record_size(r) for r in records) == expected
+    monkeypatch.setattr(safe_torch, "_open_reader", _ReaderWithoutSizes)
+    assert CharLM.load(FLAIR_FILE).hidden_size == 24
+    test_zip_records_that_unpack_beyond_the_file(tmp_path)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(FLAIR_FILE.read_bytes()[:-40])
+    _refused(truncated, "truncated or corrupt")
 
 
 def test_expanded_tensors_cannot_make_a_model_far_larger_than_the_file(tmp_path, checkpoint):

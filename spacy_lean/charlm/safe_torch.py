@@ -33,6 +33,7 @@ import os
 import pickle
 import re
 import types
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
@@ -733,10 +734,10 @@ def _check_zip(stream: Any, shown: str, what: str, size: int) -> None:
     (torch.save stores them uncompressed; torch reads each record whole), reading the
     index with torch's own zip reader."""
     try:
-        reader = torch._C.PyTorchFileReader(stream)
+        reader = _open_reader(stream)
         records = reader.get_all_records()
-        unpacked = sum(reader.get_record_size(record) for record in records)
-    except (RuntimeError, OSError, ValueError) as err:
+        unpacked = _unpacked_size(reader, records, stream)
+    except (RuntimeError, OSError, ValueError, zipfile.BadZipFile) as err:
         raise CheckpointError(
             f"Could not read {shown} as {what}: the zip archive is truncated or corrupt "
             f"({str(err).splitlines()[0][:300]})"
@@ -754,6 +755,23 @@ def _check_zip(stream: Any, shown: str, what: str, size: int) -> None:
         raise CheckpointError(
             f"Could not read {shown} as {what}: the zip archive has no data.pkl record."
         )
+
+
+def _open_reader(stream: Any) -> Any:
+    return torch._C.PyTorchFileReader(stream)
+
+
+def _unpacked_size(reader: Any, records: List[str], stream: Any) -> int:
+    """What the archive's records would unpack to. Newer torch's reader tells each
+    record's size (`get_record_size`: torch 2.13 has it, 2.11 has not); otherwise the
+    same central directory is read with Python's zip reader (sizes only: nothing is
+    decompressed)."""
+    size_of = getattr(reader, "get_record_size", None)
+    if size_of is not None:
+        return sum(size_of(record) for record in records)
+    stream.seek(0)
+    with zipfile.ZipFile(stream) as archive:
+        return sum(info.file_size for info in archive.infolist())
 
 
 def allowed_globals(
