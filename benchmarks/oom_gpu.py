@@ -6,17 +6,20 @@ The pipeline is train_checkpointing.py's (a local, randomly initialised BERT, 4 
 update off (the BERT's dropout 0, no random oracle cut) so that two runs can be compared.
 On the GPU (`require_gpu`, cupy on torch's allocator, so torch's counters see every
 allocation), each part measures uncapped first, then caps the process with
-`torch.cuda.set_per_process_memory_fraction` so that it may hold what it holds plus the
-midpoint of two peaks: the whole does not fit, a quarter does.
+`torch.cuda.set_per_process_memory_fraction` so that it may reserve what it reserves plus
+halfway between two needs (growths of the reserved memory, which is what the cap limits):
+the whole does not fit, a quarter does. If nothing ran out of memory there (the allocator
+found room), once more with the cap just above the quarter's need.
 
 Training:
 1. uncapped: stock `nlp.update(batch, sgd=False)` on each of `--batches` batches,
-   accumulating gradients (the reference); `lean_update` on the same batches (its
-   length-sorted span groups need less than stock) and on a quarter of one: peaks, seconds;
-2. capped between those two `lean_update` peaks: `lean_update` on the same batches (a
+   accumulating gradients (the reference), twice (the second run: how far two identical
+   runs differ on this device); `lean_update` on the same batches (its length-sorted span
+   groups need less than stock) and on a quarter of one: peaks, seconds;
+2. capped between those two `lean_update` needs: `lean_update` on the same batches (a
    fresh copy of the same weights): its out-of-memory errors, splits and micro-batches,
    seconds, peak; its accumulated gradients against the reference (largest difference per
-   array relative to the array's largest magnitude);
+   array relative to the array's largest magnitude, and the arrays that differ most);
 3. capped, stock `nlp.update` on the first batch must raise an out-of-memory error.
 
 Evaluation: every doc of the batches as one dev set, `spacy_lean.evaluate`'s evaluator with
@@ -61,35 +64,59 @@ DETERMINISTIC = {
 
 def gradients(nlp):
     """Every gradient of the pipeline (thinc's and torch's), in the fixed order of the
-    data-parallel loop's parameter list, as numpy; absent ones as None."""
+    data-parallel loop's parameter list, as (name, numpy array); absent ones as None."""
     from spacy_lean.training.dist import collect_params
 
-    grads = [entry.grad_tensor() for entry in collect_params(nlp)]
-    return [None if g is None else g.detach().cpu().numpy().copy() for g in grads]
+    named = [(entry.name, entry.grad_tensor()) for entry in collect_params(nlp)]
+    return [(n, None if g is None else g.detach().cpu().numpy().copy()) for n, g in named]
 
 
 def gradient_differences(got, expected, floor=1e-6):
     """The largest difference per array relative to the array's largest magnitude, over
     the arrays whose largest magnitude is at least `floor`; and the largest absolute
     difference in the others (gradients that are zero in exact arithmetic, such as BERT's
-    attention key biases under softmax: float noise of ~1e-7, in any two runs)."""
+    attention key biases under softmax: float noise of ~1e-7, in any two runs). Also, to
+    tell float noise from a wrong gradient where they disagree: the five arrays that
+    differ most (name, shape, largest magnitude, largest difference) and the largest
+    difference relative to the largest magnitude of any array (the gradient's scale)."""
     import numpy
 
     assert len(got) == len(expected), (len(got), len(expected))
-    relative, near_zero = 0.0, 0.0
-    for a, b in zip(got, expected):
+    relative, near_zero, scale, largest_diff = 0.0, 0.0, 0.0, 0.0
+    rows = []
+    for (name, a), (name_b, b) in zip(got, expected):
+        assert name == name_b, (name, name_b)
         if a is None or b is None:
             if (a is None) != (b is None):
-                return float("inf"), float("inf")
+                inf = float("inf")
+                return {"relative": inf, "near_zero": inf, "worst": [{"name": name}]}
             continue
         if not b.size:
             continue
-        scale, diff = float(numpy.abs(b).max()), float(numpy.abs(a - b).max())
-        if scale >= floor:
-            relative = max(relative, diff / scale)
+        magnitude, diff = float(numpy.abs(b).max()), float(numpy.abs(a - b).max())
+        scale, largest_diff = max(scale, magnitude), max(largest_diff, diff)
+        rel = diff / magnitude if magnitude >= floor else None
+        if rel is not None:
+            relative = max(relative, rel)
         else:
             near_zero = max(near_zero, diff)
-    return relative, near_zero
+        rows.append(
+            {
+                "name": name,
+                "shape": list(b.shape),
+                "max_abs": magnitude,
+                "max_abs_diff": diff,
+                "relative": rel,
+            }
+        )
+    rows.sort(key=lambda r: (r["relative"] or 0.0, r["max_abs_diff"]), reverse=True)
+    return {
+        "relative": relative,
+        "near_zero": near_zero,
+        "relative_to_scale": largest_diff / scale if scale else 0.0,
+        "scale": scale,
+        "worst": rows[:5],
+    }
 
 
 class Device:
@@ -122,16 +149,25 @@ class Device:
 
     def start_peak(self) -> int:
         self.sync()
+        self.reserved_growth = 0.0
         if not self.cuda:
             return 0
         self.torch.cuda.reset_peak_memory_stats()
+        self._reserved_base = self.torch.cuda.memory_reserved()
         return self.torch.cuda.memory_allocated()
 
     def peak_since(self, base: int) -> float:
+        """The peak of allocated memory since `start_peak`, in MB; the peak growth of
+        the reserved memory (what the cap limits) is left in `reserved_growth`."""
         self.sync()
         if not self.cuda:
             return 0.0
-        return (self.torch.cuda.max_memory_allocated() - base) / 2**20
+        cuda = self.torch.cuda
+        self.reserved_growth = (cuda.max_memory_reserved() - self._reserved_base) / 2**20
+        return (cuda.max_memory_allocated() - base) / 2**20
+
+    def reserved_mb(self) -> float:
+        return self.torch.cuda.memory_reserved() / 2**20 if self.cuda else 0.0
 
 
 class WordpieceCounter:
@@ -193,13 +229,17 @@ class Cap:
             self.device.torch.cuda.set_per_process_memory_fraction(1.0, 0)
 
 
-def cap_between(device, small_peak, large_peak, small_calls, large_calls, args):
-    """The cap midway between two peaks, over what the process holds now; and the
-    --cpu-check limit midway between two largest transformer calls."""
+def cap_between(device, small_need, large_need, small_calls, large_calls, args, at=0.5):
+    """The cap at `at` of the way between two needs (peak growths of the reserved
+    memory, which is what set_per_process_memory_fraction limits), over what the process
+    reserves now; and the --cpu-check limit midway between two largest transformer
+    calls. (Allocated peaks are the wrong currency: the reserved memory held between
+    runs has free room in its segments, which a run's allocations reuse; the first GPU
+    run capped that way never ran out of memory.)"""
     device.release()
-    held = device.torch.cuda.memory_reserved() / 2**20 if device.cuda else 0.0
+    held = device.reserved_mb()
     wordpieces = args.cpu_check_limit or (max(small_calls) + max(large_calls)) // 2
-    return held + (small_peak + large_peak) / 2, wordpieces
+    return held + small_need + at * (large_need - small_need), wordpieces
 
 
 def timed(device, func, *args, **kwargs):
@@ -214,86 +254,117 @@ def timed(device, func, *args, **kwargs):
 def training(args, device, model, batches) -> dict:
     from spacy_lean.training import OOMSplitWarning, UpdatePolicy, lean_update
 
-    # 1. Uncapped.
-    reference = load(model, device)
-    ref_losses, stock_seconds, stock_peaks = {}, [], []
-    for batch in batches:
-        _, seconds, peak = timed(device, reference.update, batch, sgd=False, losses=ref_losses)
-        stock_seconds.append(seconds)
-        stock_peaks.append(peak)
-    ref_grads = gradients(reference)
-    del reference
-    device.release()
+    # 1. Uncapped. Each batch starts from an emptied cache, so that its growth of the
+    # reserved memory is its whole need.
+    def stock_pass():
+        nlp = load(model, device)
+        losses, seconds, peaks = {}, [], []
+        for batch in batches:
+            device.release()
+            _, took, peak = timed(device, nlp.update, batch, sgd=False, losses=losses)
+            seconds.append(took)
+            peaks.append(peak)
+        grads = gradients(nlp)
+        del nlp
+        device.release()
+        return losses, seconds, peaks, grads
+
+    ref_losses, stock_seconds, stock_peaks, ref_grads = stock_pass()
+    # The same updates again: how far two identical runs differ on this device, the
+    # floor for comparing lean_update's gradients with stock's.
+    _, rerun_seconds, _, rerun_grads = stock_pass()
+    rerun = gradient_differences(rerun_grads, ref_grads)
+    del rerun_grads
     uncapped = load(model, device)
     calls = WordpieceCounter(uncapped)
-    uncapped_seconds, uncapped_peaks = [], []
+    uncapped_seconds, uncapped_peaks, uncapped_needs = [], [], []
     for batch in batches:
+        device.release()
         _, seconds, peak = timed(device, lean_update, uncapped, batch, policy=UpdatePolicy())
         uncapped_seconds.append(seconds)
         uncapped_peaks.append(peak)
+        uncapped_needs.append(device.reserved_growth)
     calls.remove()
     del uncapped
     device.release()
     quarter_nlp = load(model, device)
     quarter_calls = WordpieceCounter(quarter_nlp)
     quarter = batches[0][: max(1, len(batches[0]) // 4)]
+    device.release()
     _, _, quarter_peak = timed(device, lean_update, quarter_nlp, quarter, policy=UpdatePolicy())
+    quarter_need = device.reserved_growth
     quarter_calls.remove()
     del quarter_nlp
 
-    # 2. Capped: a whole batch does not fit (lean_update's included), a quarter does.
-    lean = load(model, device)
-    stock = load(model, device)
-    cap_mb, wordpieces = cap_between(
-        device, quarter_peak, min(uncapped_peaks), quarter_calls.sizes, calls.sizes, args
-    )
-    policy = UpdatePolicy()
-    lean_losses, lean_seconds, lean_peaks = {}, [], []
-    with Cap(device, cap_mb, wordpieces, [lean, stock]):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", OOMSplitWarning)
-            for batch in batches:
-                _, seconds, peak = timed(
-                    device, lean_update, lean, batch, losses=lean_losses, policy=policy
-                )
-                lean_seconds.append(seconds)
-                lean_peaks.append(peak)
-        lean_grads = gradients(lean)
-        del lean
+    # 2. Capped: a whole batch does not fit (lean_update's included), a quarter does. The
+    # cap sits halfway between the two needs; if no batch ran out of memory there (the
+    # allocator found room), once more just above the quarter's need.
+    attempts, ats = [], (0.5, 0.1) if device.cuda else (0.5,)
+    for at in ats:
+        lean = load(model, device)
+        stock = load(model, device)
+        cap_mb, wordpieces = cap_between(
+            device, quarter_need, min(uncapped_needs), quarter_calls.sizes, calls.sizes, args, at
+        )
+        policy = UpdatePolicy()
+        lean_losses, lean_seconds, lean_peaks = {}, [], []
+        with Cap(device, cap_mb, wordpieces, [lean, stock]):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", OOMSplitWarning)
+                for batch in batches:
+                    _, seconds, peak = timed(
+                        device, lean_update, lean, batch, losses=lean_losses, policy=policy
+                    )
+                    lean_seconds.append(seconds)
+                    lean_peaks.append(peak)
+            attempts.append(
+                {"cap_mb": cap_mb, "at": at, "oom_errors": policy.stats()["oom_errors"]}
+            )
+            if policy.stats()["oom_errors"] or at == ats[-1]:
+                lean_grads = gradients(lean)
+                del lean
+                device.release()
+                # 3. Stock, capped: it dies of the first batch.
+                stock_error = None
+                try:
+                    stock.update(batches[0], sgd=False)
+                except Exception as err:  # torch's or cupy's out-of-memory error
+                    stock_error = f"{type(err).__module__}.{type(err).__name__}"
+                del stock
+                device.release()
+                break
+        del lean, stock
         device.release()
-        # 3. Stock, capped: it dies of the first batch.
-        stock_error = None
-        try:
-            stock.update(batches[0], sgd=False)
-        except Exception as err:  # torch's or cupy's out-of-memory error
-            stock_error = f"{type(err).__module__}.{type(err).__name__}"
-    del stock
-    device.release()
-    relative, near_zero = gradient_differences(lean_grads, ref_grads)
+    diffs = gradient_differences(lean_grads, ref_grads)
     return {
         "stock_peak_mb": stock_peaks,
         "lean_uncapped_peak_mb": uncapped_peaks,
         "lean_quarter_batch_peak_mb": quarter_peak,
+        "reserved_growth_mb": {"whole": uncapped_needs, "quarter": quarter_need},
         "cap_mb": cap_mb if device.cuda else None,
+        "cap_attempts": attempts if device.cuda else None,
         "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
         "largest_transformer_call_wordpieces": {
             "whole": max(calls.sizes),
             "quarter": max(quarter_calls.sizes),
         },
         "stock_seconds": stock_seconds,
+        "stock_rerun_seconds": rerun_seconds,
         "lean_uncapped_seconds": uncapped_seconds,
         "lean_capped_seconds": lean_seconds,
         "lean_capped_peak_mb": lean_peaks,
-        "lean_capped_time_ratio_to_stock": sum(lean_seconds) / sum(stock_seconds),
-        "lean_uncapped_time_ratio_to_stock": sum(uncapped_seconds) / sum(stock_seconds),
+        "lean_capped_time_ratio_to_stock": sum(lean_seconds) / sum(rerun_seconds),
+        "lean_uncapped_time_ratio_to_stock": sum(uncapped_seconds) / sum(rerun_seconds),
         "policy": policy.stats(),
         "learned_limits": {str(k): v for k, v in policy.learned_limits.items()},
         "warnings": sorted(
             {str(w.message) for w in caught if issubclass(w.category, OOMSplitWarning)}
         ),
         "stock_update_under_cap": stock_error or "finished (the cap did not bind)",
-        "max_relative_gradient_difference": relative,
-        "max_abs_difference_of_near_zero_gradients": near_zero,
+        "max_relative_gradient_difference": diffs["relative"],
+        "max_abs_difference_of_near_zero_gradients": diffs["near_zero"],
+        "gradient_differences": diffs,
+        "stock_rerun_gradient_differences": rerun,
         "losses": {
             "stock": {k: float(v) for k, v in ref_losses.items()},
             "lean": {k: float(v) for k, v in lean_losses.items()},
@@ -330,22 +401,33 @@ def evaluation(args, device, model, batches) -> dict:
     )
     calls = WordpieceCounter(nlp)
     whole = evaluator(len(golds))
+    device.release()
     _, whole_seconds, whole_peak = timed(device, whole.run, examples(golds))
+    whole_need = device.reserved_growth
     reference = whole.state.result()
     calls.remove()
     quarter_golds = golds[: max(1, len(golds) // 4)]
     quarter_calls = WordpieceCounter(nlp)
     quarter = evaluator(len(quarter_golds))
+    device.release()
     _, _, quarter_peak = timed(device, quarter.run, examples(quarter_golds))
+    quarter_need = device.reserved_growth
     quarter_calls.remove()
     del whole, quarter
-    cap_mb, wordpieces = cap_between(
-        device, quarter_peak, whole_peak, quarter_calls.sizes, calls.sizes, args
-    )
-    events.clear()
-    capped = evaluator(len(golds))
-    with Cap(device, cap_mb, wordpieces, [nlp]):
-        _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
+    # Halfway between the two needs; if the whole batch fitted there, just above the
+    # quarter's need (as in training).
+    attempts = []
+    for at in (0.5, 0.1) if device.cuda else (0.5,):
+        cap_mb, wordpieces = cap_between(
+            device, quarter_need, whole_need, quarter_calls.sizes, calls.sizes, args, at
+        )
+        events.clear()
+        capped = evaluator(len(golds))
+        with Cap(device, cap_mb, wordpieces, [nlp]):
+            _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
+        attempts.append({"cap_mb": cap_mb, "at": at, "oom_backoffs": len(events)})
+        if events:
+            break
     scores = capped.state.result()
     differ = sorted(
         key
@@ -361,7 +443,9 @@ def evaluation(args, device, model, batches) -> dict:
         "uncapped_peak_mb": whole_peak,
         "uncapped_seconds": whole_seconds,
         "quarter_peak_mb": quarter_peak,
+        "reserved_growth_mb": {"whole": whole_need, "quarter": quarter_need},
         "cap_mb": cap_mb if device.cuda else None,
+        "cap_attempts": attempts if device.cuda else None,
         "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
         "capped_peak_mb": capped_peak,
         "capped_seconds": capped_seconds,

@@ -80,21 +80,26 @@ def build_model(work: Path, seed: int = 0, overrides=None) -> Path:
 
 
 def make_batches(nlp, n_batches: int, batch_tokens: int, seed: int):
+    """`n_batches` batches of at least `batch_tokens` tokens each, of generated docs. The
+    docs are drawn until the batches are full (the generator's first docs do not depend on
+    how many are drawn, so a small request gets the batches it always got)."""
     from spacy.training import Example
 
     from spacy_lean import synthetic
 
-    docs = synthetic.make_ner_docs(nlp, 40 * n_batches, seed=seed, long_doc_rate=0.05)
-    batches, current, tokens = [], [], 0
-    for doc in docs:
-        current.append(Example(nlp.make_doc(doc.text), doc))
-        tokens += len(doc)
-        if tokens >= batch_tokens:
-            batches.append(current)
-            current, tokens = [], 0
-            if len(batches) == n_batches:
-                break
-    return batches
+    n_docs = 40 * n_batches
+    while True:
+        docs = synthetic.make_ner_docs(nlp, n_docs, seed=seed, long_doc_rate=0.05)
+        batches, current, tokens = [], [], 0
+        for doc in docs:
+            current.append(Example(nlp.make_doc(doc.text), doc))
+            tokens += len(doc)
+            if tokens >= batch_tokens:
+                batches.append(current)
+                current, tokens = [], 0
+                if len(batches) == n_batches:
+                    return batches
+        n_docs *= 2
 
 
 def child(mode: str, model: str, steps: int, batch_tokens: int, threads: int) -> dict:

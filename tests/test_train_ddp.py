@@ -111,7 +111,9 @@ def make_setup(root, trf_ner_config):
     return root
 
 
-def run_train(setup, output, *args, env=None, timeout=240):
+def run_train(setup, output, *args, env=None, timeout=240, stock=False):
+    """`spacy lean train` (or, with `stock`, spaCy's own `spacy train`) on the setup's
+    config for 3 steps, evaluating at step 2."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -119,8 +121,7 @@ def run_train(setup, output, *args, env=None, timeout=240):
         sys.executable,
         "-m",
         "spacy",
-        "lean",
-        "train",
+        *(["train"] if stock else ["lean", "train"]),
         str(setup / "config.cfg"),
         "--output",
         str(output),
@@ -153,6 +154,16 @@ def params_of(path):
 def max_diff(a, b):
     assert a.keys() == b.keys()
     return max(float(numpy.abs(a[k] - b[k]).max()) for k in a)
+
+
+def largest_diffs(a, b, n=5):
+    """For a failure message: the `n` parameters that differ most, with the largest
+    difference and the largest magnitude of each."""
+    rows = [
+        (float(numpy.abs(a[k] - b[k]).max(initial=0.0)), k, float(numpy.abs(b[k]).max(initial=0.0)))
+        for k in a
+    ]
+    return [f"{k}: diff {d:.3g}, max |value| {m:.3g}" for d, k, m in sorted(rows)[::-1][:n]]
 
 
 @pytest.fixture(scope="module")
@@ -189,12 +200,38 @@ def test_two_ranks_batch_b_equal_one_rank_batch_2b(one_rank, two_ranks):
     single = params_of(one_rank[0] / "model-last")
     double = params_of(two_ranks[0] / "model-last")
     diff = max_diff(single, double)  # the parser's W included
-    assert diff < 1e-5, diff
+    assert diff < 1e-5, (diff, largest_diffs(double, single))
     # model-best is the step-0 or step-2 pipeline: at least one step behind.
     moved = max_diff(double, params_of(two_ranks[0] / "model-best"))
     assert moved > 100 * 1e-5, moved
     # The resumable state holds the final (not averaged) weights.
     assert max_diff(params_of(two_ranks[0] / "training-state" / "model"), double) == 0.0
+
+
+@pytest.fixture(scope="module")
+def stock_one_rank(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stock_one_rank")
+    proc = run_train(setup, out, "--training.batcher.size", "8", stock=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def without_grouping_dependent(params):
+    return {k: v for k, v in params.items() if not k.endswith(GROUPING_DEPENDENT)}
+
+
+def test_one_rank_gives_stock_spacy_trains_weights(one_rank, stock_one_rank):
+    """`spacy lean train` on one process makes spaCy's own updates: after 3 SGD steps its
+    weights are `spacy train`'s, within float noise (1e-5: its length-sorted span groups
+    sum in another order), except the parser's W, whose stock gradient depends on the
+    batch's last doc (GROUPING_DEPENDENT; the exact gradient moves it differently)."""
+    lean = params_of(one_rank[0] / "model-last")
+    stock = params_of(stock_one_rank / "model-last")
+    diff = max_diff(without_grouping_dependent(lean), without_grouping_dependent(stock))
+    assert diff < 1e-5, (diff, largest_diffs(lean, stock))
+    # Not a trivial match: the steps moved the weights far more than that.
+    initial = params_of(one_rank[0] / "model-best")
+    assert max_diff(lean, initial) > 100 * 1e-5
 
 
 def test_only_the_parser_hidden_w_gradient_depends_on_grouping_in_one_process(setup):
@@ -530,10 +567,42 @@ def gpu_one_rank(setup, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def gpu_stock_one_rank(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_stock_one_rank")
+    proc = run_train(setup, out, "--gpu-id", "0", "--training.batcher.size", "8", stock=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
 @pytest.mark.gpu
-def test_gpu_training_gives_the_cpu_weights(one_rank, gpu_one_rank):
-    diff = max_diff(params_of(one_rank[0] / "model-last"), params_of(gpu_one_rank / "model-last"))
-    assert diff < GPU_TOL, diff
+def test_gpu_training_gives_stock_spacy_trains_gpu_weights(gpu_one_rank, gpu_stock_one_rank):
+    """On the GPU as on the CPU (test_one_rank_gives_stock_spacy_trains_weights), the
+    lean loop makes spaCy's updates."""
+    lean = params_of(gpu_one_rank / "model-last")
+    stock = params_of(gpu_stock_one_rank / "model-last")
+    diff = max_diff(without_grouping_dependent(lean), without_grouping_dependent(stock))
+    assert diff < GPU_TOL, (diff, largest_diffs(lean, stock))
+
+
+@pytest.mark.gpu
+def test_gpu_training_is_as_close_to_the_cpu_as_stock_spacy_is(
+    one_rank, gpu_one_rank, stock_one_rank, gpu_stock_one_rank
+):
+    """The GPU run's weights against the CPU run's: GPU_TOL, or no further apart than
+    spaCy's own `spacy train` on the GPU and on the CPU (the first GPU run, on an H100,
+    found 0.025 between the lean runs, above GPU_TOL: this tells whether spaCy's own
+    GPU kernels account for it)."""
+    cpu, gpu = params_of(one_rank[0] / "model-last"), params_of(gpu_one_rank / "model-last")
+    stock_cpu = params_of(stock_one_rank / "model-last")
+    stock_gpu = params_of(gpu_stock_one_rank / "model-last")
+    diff, stock_diff = max_diff(cpu, gpu), max_diff(stock_cpu, stock_gpu)
+    assert diff < max(GPU_TOL, 2 * stock_diff), (
+        diff,
+        stock_diff,
+        largest_diffs(gpu, cpu),
+        largest_diffs(stock_gpu, stock_cpu),
+    )
 
 
 @pytest.mark.gpu
@@ -545,9 +614,9 @@ def test_two_gpu_ranks_batch_b_equal_one_gpu_rank_batch_2b(setup, gpu_one_rank, 
     proc = run_train(setup, tmp_path / "two", "--nproc", "2", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"Data-parallel: 2 ranks ({backend})" in " ".join(proc.stdout.split())
-    single = params_of(gpu_one_rank / "model-last")
-    diff = max_diff(single, params_of(tmp_path / "two" / "model-last"))
-    assert diff < GPU_TOL, diff
+    single, two = params_of(gpu_one_rank / "model-last"), params_of(tmp_path / "two" / "model-last")
+    diff = max_diff(single, two)
+    assert diff < GPU_TOL, (diff, largest_diffs(two, single))
 
 
 # -- a tiny tok2vec + ner pipeline with probes, on 1 and 2 processes -----------------

@@ -655,8 +655,11 @@ def check_oom_benchmark(result):
     assert policy["examples"] == sum(b["docs"] for b in result["batches"])
     assert policy["micro_batches"] > policy["batches"]
     assert training["stock_update_under_cap"].endswith("OutOfMemoryError")
-    assert training["max_relative_gradient_difference"] < 1e-3
-    assert training["max_abs_difference_of_near_zero_gradients"] < 1e-5
+    # On failure: the arrays that differ most, and how far two identical stock runs
+    # differ on this device (float noise).
+    diagnosis = (training["gradient_differences"], training["stock_rerun_gradient_differences"])
+    assert training["max_relative_gradient_difference"] < 1e-3, diagnosis
+    assert training["max_abs_difference_of_near_zero_gradients"] < 1e-5, diagnosis
     for key, value in training["losses"]["stock"].items():
         assert training["losses"]["lean"][key] == pytest.approx(value, rel=1e-4), key
     evaluation = result["evaluation"]
