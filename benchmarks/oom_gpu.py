@@ -299,43 +299,68 @@ def training(args, device, model, batches) -> dict:
     # 2. Capped: a whole batch does not fit (lean_update's included), a quarter does. The
     # cap sits halfway between the two needs; if no batch ran out of memory there (the
     # allocator found room), once more just above the quarter's need.
-    attempts, ats = [], (0.5, 0.1) if device.cuda else (0.5,)
-    for at in ats:
+    def capped_run(at):
         lean = load(model, device)
         stock = load(model, device)
         cap_mb, wordpieces = cap_between(
             device, quarter_need, min(uncapped_needs), quarter_calls.sizes, calls.sizes, args, at
         )
-        policy = UpdatePolicy()
-        lean_losses, lean_seconds, lean_peaks = {}, [], []
+        run = {"cap_mb": cap_mb, "at": at, "wordpieces": wordpieces, "error": None}
+        run.update(policy=UpdatePolicy(), losses={}, seconds=[], peaks=[], grads=None)
         with Cap(device, cap_mb, wordpieces, [lean, stock]):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", OOMSplitWarning)
-                for batch in batches:
-                    _, seconds, peak = timed(
-                        device, lean_update, lean, batch, losses=lean_losses, policy=policy
-                    )
-                    lean_seconds.append(seconds)
-                    lean_peaks.append(peak)
-            attempts.append(
-                {"cap_mb": cap_mb, "at": at, "oom_errors": policy.stats()["oom_errors"]}
-            )
-            if policy.stats()["oom_errors"] or at == ats[-1]:
-                lean_grads = gradients(lean)
-                del lean
-                device.release()
-                # 3. Stock, capped: it dies of the first batch.
-                stock_error = None
                 try:
-                    stock.update(batches[0], sgd=False)
-                except Exception as err:  # torch's or cupy's out-of-memory error
-                    stock_error = f"{type(err).__module__}.{type(err).__name__}"
-                del stock
-                device.release()
-                break
-        del lean, stock
+                    for batch in batches:
+                        _, seconds, peak = timed(
+                            device,
+                            lean_update,
+                            lean,
+                            batch,
+                            losses=run["losses"],
+                            policy=run["policy"],
+                        )
+                        run["seconds"].append(seconds)
+                        run["peaks"].append(peak)
+                    run["grads"] = gradients(lean)
+                except Exception as err:  # e.g. BatchTooLargeError: one doc does not fit
+                    run["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            run["warnings"] = sorted(
+                {str(w.message) for w in caught if issubclass(w.category, OOMSplitWarning)}
+            )
+            del lean
+            device.release()
+            # 3. Stock, capped: it dies of the first batch.
+            run["stock_error"] = None
+            try:
+                stock.update(batches[0], sgd=False)
+            except Exception as err:  # torch's or cupy's out-of-memory error
+                run["stock_error"] = f"{type(err).__module__}.{type(err).__name__}"
+        del stock
         device.release()
-    diffs = gradient_differences(lean_grads, ref_grads)
+        return run
+
+    attempts = []
+    for at in (0.5, 0.1) if device.cuda else (0.5,):
+        run = capped_run(at)
+        attempts.append(
+            {
+                "cap_mb": run["cap_mb"],
+                "at": at,
+                "oom_errors": run["policy"].stats()["oom_errors"],
+                "error": run["error"],
+            }
+        )
+        if run["policy"].stats()["oom_errors"] or run["error"]:
+            break
+    policy, lean_losses, lean_seconds = run["policy"], run["losses"], run["seconds"]
+    lean_peaks, cap_mb, wordpieces = run["peaks"], run["cap_mb"], run["wordpieces"]
+    stock_error = run["stock_error"]
+    if run["grads"] is None:  # lean_update failed under the cap: nothing to compare
+        nan = float("nan")
+        diffs = {"relative": nan, "near_zero": nan, "worst": [], "error": run["error"]}
+    else:
+        diffs = gradient_differences(run["grads"], ref_grads)
     return {
         "stock_peak_mb": stock_peaks,
         "lean_uncapped_peak_mb": uncapped_peaks,
@@ -357,9 +382,8 @@ def training(args, device, model, batches) -> dict:
         "lean_uncapped_time_ratio_to_stock": sum(uncapped_seconds) / sum(rerun_seconds),
         "policy": policy.stats(),
         "learned_limits": {str(k): v for k, v in policy.learned_limits.items()},
-        "warnings": sorted(
-            {str(w.message) for w in caught if issubclass(w.category, OOMSplitWarning)}
-        ),
+        "warnings": run["warnings"],
+        "lean_update_under_cap": run["error"] or "finished",
         "stock_update_under_cap": stock_error or "finished (the cap did not bind)",
         "max_relative_gradient_difference": diffs["relative"],
         "max_abs_difference_of_near_zero_gradients": diffs["near_zero"],
@@ -399,6 +423,8 @@ def evaluation(args, device, model, batches) -> dict:
     stock_scores, stock_seconds, stock_peak = timed(
         device, nlp.evaluate, examples(golds), batch_size=len(golds)
     )
+    # Again, warm: the first evaluation of the process also compiles kernels.
+    _, stock_warm_seconds, _ = timed(device, nlp.evaluate, examples(golds), batch_size=len(golds))
     calls = WordpieceCounter(nlp)
     whole = evaluator(len(golds))
     device.release()
@@ -422,11 +448,14 @@ def evaluation(args, device, model, batches) -> dict:
             device, quarter_need, whole_need, quarter_calls.sizes, calls.sizes, args, at
         )
         events.clear()
-        capped = evaluator(len(golds))
+        capped, error = evaluator(len(golds)), None
         with Cap(device, cap_mb, wordpieces, [nlp]):
-            _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
-        attempts.append({"cap_mb": cap_mb, "at": at, "oom_backoffs": len(events)})
-        if events:
+            try:
+                _, capped_seconds, capped_peak = timed(device, capped.run, examples(golds))
+            except Exception as err:  # one doc does not fit even alone
+                error, capped_seconds, capped_peak = f"{type(err).__name__}: {err}"[:300], 0, 0
+        attempts.append({"cap_mb": cap_mb, "at": at, "oom_backoffs": len(events), "error": error})
+        if events or error:
             break
     scores = capped.state.result()
     differ = sorted(
@@ -440,6 +469,8 @@ def evaluation(args, device, model, batches) -> dict:
         "docs": len(golds),
         "nlp_evaluate_peak_mb": stock_peak,
         "nlp_evaluate_seconds": stock_seconds,
+        "nlp_evaluate_warm_seconds": stock_warm_seconds,
+        "evaluator_under_cap": error or "finished",
         "uncapped_peak_mb": whole_peak,
         "uncapped_seconds": whole_seconds,
         "quarter_peak_mb": quarter_peak,

@@ -650,6 +650,7 @@ def check_oom_benchmark(result):
     the streaming evaluator halved its batch and gave the uncapped scores, which are
     nlp.evaluate's."""
     training = result["training"]
+    assert training["lean_update_under_cap"] == "finished", training["cap_attempts"]
     policy = training["policy"]
     assert policy["oom_errors"] >= 1 and policy["oom_splits"] >= 1
     assert policy["examples"] == sum(b["docs"] for b in result["batches"])
@@ -663,6 +664,7 @@ def check_oom_benchmark(result):
     for key, value in training["losses"]["stock"].items():
         assert training["losses"]["lean"][key] == pytest.approx(value, rel=1e-4), key
     evaluation = result["evaluation"]
+    assert evaluation["evaluator_under_cap"] == "finished", evaluation["cap_attempts"]
     assert evaluation["oom_backoffs"] and evaluation["oom_backoffs"][0][0] == evaluation["docs"]
     assert evaluation["final_batch_size"] < evaluation["docs"]
     assert evaluation["scores_differing_from_uncapped"] == []
