@@ -9,7 +9,7 @@ allocation), each part measures uncapped first, then caps the process with
 `torch.cuda.set_per_process_memory_fraction` so that it may reserve what it reserves plus
 halfway between two needs (growths of the reserved memory, which is what the cap limits):
 the whole does not fit, a quarter does. If nothing ran out of memory there (the allocator
-found room), once more with the cap just above the quarter's need.
+found room), again with the cap a tenth of the way, then at the quarter's need.
 
 Training:
 1. uncapped: stock `nlp.update(batch, sgd=False)` on each of `--batches` batches,
@@ -298,7 +298,7 @@ def training(args, device, model, batches) -> dict:
 
     # 2. Capped: a whole batch does not fit (lean_update's included), a quarter does. The
     # cap sits halfway between the two needs; if no batch ran out of memory there (the
-    # allocator found room), once more just above the quarter's need.
+    # allocator found room), a tenth of the way, then at the quarter's need.
     def capped_run(at):
         lean = load(model, device)
         stock = load(model, device)
@@ -341,7 +341,7 @@ def training(args, device, model, batches) -> dict:
         return run
 
     attempts = []
-    for at in (0.5, 0.1) if device.cuda else (0.5,):
+    for at in (0.5, 0.1, 0.0) if device.cuda else (0.5,):
         run = capped_run(at)
         attempts.append(
             {
@@ -440,10 +440,10 @@ def evaluation(args, device, model, batches) -> dict:
     quarter_need = device.reserved_growth
     quarter_calls.remove()
     del whole, quarter
-    # Halfway between the two needs; if the whole batch fitted there, just above the
-    # quarter's need (as in training).
+    # Halfway between the two needs; if the whole batch fitted there, a tenth of the way,
+    # then at the quarter's need (as in training).
     attempts = []
-    for at in (0.5, 0.1) if device.cuda else (0.5,):
+    for at in (0.5, 0.1, 0.0) if device.cuda else (0.5,):
         cap_mb, wordpieces = cap_between(
             device, quarter_need, whole_need, quarter_calls.sizes, calls.sizes, args, at
         )
