@@ -242,6 +242,13 @@ def cap_between(device, small_need, large_need, small_calls, large_calls, args, 
     return held + small_need + at * (large_need - small_need), wordpieces
 
 
+def cap_fractions(device):
+    """Where the caps sit between the quarter's need (0) and the whole's (1), tried in
+    turn until something runs out of memory. The --cpu-check hook raises at the midpoint
+    in wordpieces, which always binds."""
+    return (0.5, 0.1, 0.0) if device.cuda else (0.5,)
+
+
 def timed(device, func, *args, **kwargs):
     """(result, seconds, peak MB since the call began)."""
     base = device.start_peak()
@@ -251,19 +258,33 @@ def timed(device, func, *args, **kwargs):
     return result, time.perf_counter() - start, device.peak_since(base)
 
 
+def lean_updater(nlp):
+    """`lean_update` of `nlp` on a batch, with a fresh policy each time (nothing learnt
+    from one batch carries over to the next, as in stock `nlp.update`)."""
+    from spacy_lean.training import UpdatePolicy, lean_update
+
+    return lambda batch: lean_update(nlp, batch, policy=UpdatePolicy())
+
+
 def training(args, device, model, batches) -> dict:
     from spacy_lean.training import OOMSplitWarning, UpdatePolicy, lean_update
 
     # 1. Uncapped. Each batch starts from an emptied cache, so that its growth of the
     # reserved memory is its whole need.
-    def stock_pass():
-        nlp = load(model, device)
-        losses, seconds, peaks = {}, [], []
+    def uncapped_pass(update, **kwargs):
+        """(seconds, peaks, reserved-memory needs) of `update(batch, **kwargs)` per batch."""
+        seconds, peaks, needs = [], [], []
         for batch in batches:
             device.release()
-            _, took, peak = timed(device, nlp.update, batch, sgd=False, losses=losses)
+            _, took, peak = timed(device, update, batch, **kwargs)
             seconds.append(took)
             peaks.append(peak)
+            needs.append(device.reserved_growth)
+        return seconds, peaks, needs
+
+    def stock_pass():
+        nlp, losses = load(model, device), {}
+        seconds, peaks, _ = uncapped_pass(nlp.update, sgd=False, losses=losses)
         grads = gradients(nlp)
         del nlp
         device.release()
@@ -277,13 +298,7 @@ def training(args, device, model, batches) -> dict:
     del rerun_grads
     uncapped = load(model, device)
     calls = WordpieceCounter(uncapped)
-    uncapped_seconds, uncapped_peaks, uncapped_needs = [], [], []
-    for batch in batches:
-        device.release()
-        _, seconds, peak = timed(device, lean_update, uncapped, batch, policy=UpdatePolicy())
-        uncapped_seconds.append(seconds)
-        uncapped_peaks.append(peak)
-        uncapped_needs.append(device.reserved_growth)
+    uncapped_seconds, uncapped_peaks, uncapped_needs = uncapped_pass(lean_updater(uncapped))
     calls.remove()
     del uncapped
     device.release()
@@ -305,8 +320,16 @@ def training(args, device, model, batches) -> dict:
         cap_mb, wordpieces = cap_between(
             device, quarter_need, min(uncapped_needs), quarter_calls.sizes, calls.sizes, args, at
         )
-        run = {"cap_mb": cap_mb, "at": at, "wordpieces": wordpieces, "error": None}
-        run.update(policy=UpdatePolicy(), losses={}, seconds=[], peaks=[], grads=None)
+        run = {
+            "cap_mb": cap_mb,
+            "wordpieces": wordpieces,
+            "policy": UpdatePolicy(),
+            "losses": {},
+            "seconds": [],
+            "peaks": [],
+            "grads": None,
+            "error": None,
+        }
         with Cap(device, cap_mb, wordpieces, [lean, stock]):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", OOMSplitWarning)
@@ -341,21 +364,15 @@ def training(args, device, model, batches) -> dict:
         return run
 
     attempts = []
-    for at in (0.5, 0.1, 0.0) if device.cuda else (0.5,):
+    for at in cap_fractions(device):
         run = capped_run(at)
+        oom_errors = run["policy"].stats()["oom_errors"]
         attempts.append(
-            {
-                "cap_mb": run["cap_mb"],
-                "at": at,
-                "oom_errors": run["policy"].stats()["oom_errors"],
-                "error": run["error"],
-            }
+            {"cap_mb": run["cap_mb"], "at": at, "oom_errors": oom_errors, "error": run["error"]}
         )
-        if run["policy"].stats()["oom_errors"] or run["error"]:
+        if oom_errors or run["error"]:
             break
-    policy, lean_losses, lean_seconds = run["policy"], run["losses"], run["seconds"]
-    lean_peaks, cap_mb, wordpieces = run["peaks"], run["cap_mb"], run["wordpieces"]
-    stock_error = run["stock_error"]
+    policy, lean_seconds = run["policy"], run["seconds"]
     if run["grads"] is None:  # lean_update failed under the cap: nothing to compare
         nan = float("nan")
         diffs = {"relative": nan, "near_zero": nan, "worst": [], "error": run["error"]}
@@ -366,9 +383,9 @@ def training(args, device, model, batches) -> dict:
         "lean_uncapped_peak_mb": uncapped_peaks,
         "lean_quarter_batch_peak_mb": quarter_peak,
         "reserved_growth_mb": {"whole": uncapped_needs, "quarter": quarter_need},
-        "cap_mb": cap_mb if device.cuda else None,
+        "cap_mb": run["cap_mb"] if device.cuda else None,
         "cap_attempts": attempts if device.cuda else None,
-        "cpu_check_wordpiece_limit": None if device.cuda else wordpieces,
+        "cpu_check_wordpiece_limit": None if device.cuda else run["wordpieces"],
         "largest_transformer_call_wordpieces": {
             "whole": max(calls.sizes),
             "quarter": max(quarter_calls.sizes),
@@ -377,21 +394,21 @@ def training(args, device, model, batches) -> dict:
         "stock_rerun_seconds": rerun_seconds,
         "lean_uncapped_seconds": uncapped_seconds,
         "lean_capped_seconds": lean_seconds,
-        "lean_capped_peak_mb": lean_peaks,
+        "lean_capped_peak_mb": run["peaks"],
         "lean_capped_time_ratio_to_stock": sum(lean_seconds) / sum(rerun_seconds),
         "lean_uncapped_time_ratio_to_stock": sum(uncapped_seconds) / sum(rerun_seconds),
         "policy": policy.stats(),
         "learned_limits": {str(k): v for k, v in policy.learned_limits.items()},
         "warnings": run["warnings"],
         "lean_update_under_cap": run["error"] or "finished",
-        "stock_update_under_cap": stock_error or "finished (the cap did not bind)",
+        "stock_update_under_cap": run["stock_error"] or "finished (the cap did not bind)",
         "max_relative_gradient_difference": diffs["relative"],
         "max_abs_difference_of_near_zero_gradients": diffs["near_zero"],
         "gradient_differences": diffs,
         "stock_rerun_gradient_differences": rerun,
         "losses": {
             "stock": {k: float(v) for k, v in ref_losses.items()},
-            "lean": {k: float(v) for k, v in lean_losses.items()},
+            "lean": {k: float(v) for k, v in run["losses"].items()},
         },
     }
 
@@ -443,7 +460,7 @@ def evaluation(args, device, model, batches) -> dict:
     # Halfway between the two needs; if the whole batch fitted there, a tenth of the way,
     # then at the quarter's need (as in training).
     attempts = []
-    for at in (0.5, 0.1, 0.0) if device.cuda else (0.5,):
+    for at in cap_fractions(device):
         cap_mb, wordpieces = cap_between(
             device, quarter_need, whole_need, quarter_calls.sizes, calls.sizes, args, at
         )
