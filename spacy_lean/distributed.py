@@ -56,6 +56,7 @@ class UnitResult:
     n_words: int
     oom_events: List[Tuple[int, int]] = field(default_factory=list)
     pid: int = 0
+    empty_docs: int = 0  # docs with no tokens, skipped
 
 
 class WorkerDiedError(RuntimeError):
@@ -132,7 +133,10 @@ def evaluate_unit(
         on_oom=lambda failed, new: oom_events.append((failed, new)),
         copy_examples=False,  # read here, seen by no one else
     )
-    examples = read_examples(nlp, [unit.shard], gold_preproc=settings.gold_preproc, part=unit.part)
+    counts: Dict[str, int] = {}
+    examples = read_examples(
+        nlp, [unit.shard], gold_preproc=settings.gold_preproc, part=unit.part, counts=counts
+    )
     state = evaluator.run(examples)
     return UnitResult(
         unit.index,
@@ -141,6 +145,7 @@ def evaluate_unit(
         evaluator.n_words,
         oom_events,
         os.getpid(),
+        counts["empty_docs"],
     )
 
 

@@ -816,6 +816,8 @@ class EvalCheckpoint:
             if not isinstance(unit, dict) or not isinstance(unit.get("state"), dict):
                 self._refuse(f"units.{key}", unit, "an object with a 'state' and 'n_examples'")
             self._count(unit, "n_examples", f"units.{key}.")
+            if "empty_docs" in unit:  # absent in checkpoints written before it was counted
+                self._count(unit, "empty_docs", f"units.{key}.")
         try:
             resumed = {
                 "state": (

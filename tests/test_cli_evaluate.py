@@ -1,6 +1,10 @@
 """`spacy lean evaluate MODEL DATA`: output like `spacy evaluate`, data formats, bad
 input, checkpoints and out-of-memory back-off, run through the real CLI app."""
 
+import json
+import math
+
+import numpy
 import pytest
 import spacy
 import srsly
@@ -72,6 +76,81 @@ def test_output_equals_spacy_evaluate(model_dir, ner_corpus, tmp_path):
     assert 0 < theirs["ents_f"] < 1
     # As `spacy evaluate --output` writes it (srsly keeps 10 significant digits).
     assert_same_scores(srsly.read_json(out), as_json(theirs))
+
+
+def test_output_names_scores_that_are_not_finite_and_writes_them_as_null(tmp_path, capsys):
+    """A custom scorer's NaN or infinite score is written as null and named (srsly,
+    which `spacy evaluate` uses, fails on it, after the whole evaluation); numpy floats
+    are written as numbers; finite scores as `spacy evaluate --output` writes them."""
+    from spacy_lean.cli.evaluate import _write_scores
+
+    out = tmp_path / "scores.json"
+    scores = {
+        "ents_f": 0.25,
+        "my_score": float("nan"),
+        "my_per_type": {"A": {"f": float("inf")}, "B": {"f": numpy.float32(0.5)}},
+        "my_list": [1.0, -math.inf],
+        "ents_p": None,
+    }
+    _write_scores(out, scores)
+    read = json.loads(
+        out.read_text(encoding="utf8"),
+        parse_constant=lambda token: pytest.fail(f"not strict JSON: {token}"),
+    )
+    assert read == {
+        "ents_f": 0.25,
+        "my_score": None,
+        "my_per_type": {"A": {"f": None}, "B": {"f": 0.5}},
+        "my_list": [1.0, None],
+        "ents_p": None,
+    }
+    said = " ".join(capsys.readouterr().out.split())
+    assert "written as null in" in said and "scores.json" in said
+    assert "my_score (nan)" in said and "my_per_type.A.f (inf)" in said
+    assert "my_list[1] (-inf)" in said and "ents_f" not in said
+    finite = {"ents_f": 1 / 3, "ents_per_type": {"A": {"p": 0.1}}}
+    _write_scores(out, finite)
+    assert out.read_text(encoding="utf8") == srsly.json_dumps(finite, indent=2)
+
+
+@pytest.fixture(scope="module")
+def dev_with_empty_docs(tmp_path_factory):
+    """Two shards with 2 and 1 docs of no tokens among 7 and 5 with tokens."""
+    root = tmp_path_factory.mktemp("with_empty")
+    nlp = spacy.blank("en")
+    for name, n_docs, seed, where in (("a.spacy", 7, 31, (0, 4)), ("b.spacy", 5, 32, (5,))):
+        synthetic.write_ner_corpus(root / name, n_docs, seed=seed)
+        docs = list(DocBin().from_disk(root / name).get_docs(nlp.vocab))
+        for i in where:
+            docs.insert(i, spacy.tokens.Doc(nlp.vocab, words=[]))
+        DocBin(docs=docs, store_user_data=True).to_disk(root / name)
+    return root
+
+
+def test_empty_docs_are_skipped_and_said_so(model_dir, dev_with_empty_docs, shard_dir, tmp_path):
+    """Empty docs are skipped, as `spacy evaluate` skips them (silently), and the run
+    says how many, in one process and with workers (each counts its shard's); the
+    scores are those of the data without them."""
+    from spacy_lean.corpus.sources import list_shards, read_examples
+
+    nlp = spacy.blank("en")
+    counts = {}
+    examples = list(read_examples(nlp, list_shards(dev_with_empty_docs), counts=counts))
+    assert len(examples) == 12 and counts == {"empty_docs": 3}
+    outputs = []
+    for extra in ([], ["-w", "2"]):
+        out = tmp_path / f"scores{len(extra)}.json"
+        outputs.append(out)
+        args = ["-o", out, "--no-progress", *extra]
+        result = lean_evaluate(model_dir, dev_with_empty_docs, *args)
+        assert result.exit_code == 0, result.output
+        said = " ".join(result.output.split())
+        assert "Evaluated 12 examples" in said
+        assert "Skipped 3 empty doc(s) (no tokens)" in said, said
+    assert without_speed(srsly.read_json(outputs[0])) == without_speed(srsly.read_json(outputs[1]))
+    # Data without empty docs: no such line.
+    plain = lean_evaluate(model_dir, shard_dir / "a.spacy", "--no-progress")
+    assert plain.exit_code == 0 and "empty doc" not in " ".join(plain.output.split())
 
 
 def test_folder_of_shards_per_component(model_dir, shard_dir, tmp_path):

@@ -626,6 +626,7 @@ def _checkpoint_data(nlp, tmp_path, units=False):
         ("state.seconds", "-0x1p+0", "state.seconds", "-1.0"),
         ("units.0.state.seconds", "nan", "units.0.state.seconds", "nan"),
         ("units.0.n_examples", float("nan"), "units.0.n_examples", "NaN"),
+        ("units.0.empty_docs", float("nan"), "units.0.empty_docs", "NaN"),
     ],
 )
 def test_checkpoint_with_a_non_finite_number_is_refused_naming_the_field(

@@ -113,7 +113,8 @@ def make_setup(root, trf_ner_config):
 
 def run_train(setup, output, *args, env=None, timeout=240, stock=False):
     """`spacy lean train` (or, with `stock`, spaCy's own `spacy train`) on the setup's
-    config for 3 steps, evaluating at step 2."""
+    config with max_steps 3 (4 SGD steps: steps 0 to 3, as in `spacy train`), evaluating at
+    steps 0 and 2."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -221,7 +222,7 @@ def without_grouping_dependent(params):
 
 
 def test_one_rank_gives_stock_spacy_trains_weights(one_rank, stock_one_rank):
-    """`spacy lean train` on one process makes spaCy's own updates: after 3 SGD steps its
+    """`spacy lean train` on one process makes spaCy's own updates: after 4 SGD steps its
     weights are `spacy train`'s, within float noise (1e-5: its length-sorted span groups
     sum in another order), except the parser's W, whose stock gradient depends on the
     batch's last doc (GROUPING_DEPENDENT; the exact gradient moves it differently)."""
@@ -553,7 +554,7 @@ def test_context_backend_choice():
 
 
 # On a GPU. With one GPU, two ranks share it over gloo (nccl refuses two ranks on one
-# device); with two or more, nccl. Tolerance 1e-4 absolute on the weights after 3 SGD
+# device); with two or more, nccl. Tolerance 1e-4 absolute on the weights after 4 SGD
 # steps (GPU and CPU kernels sum in other orders), while the steps move them by more
 # than 1e-3 (test_two_ranks_batch_b_equal_one_rank_batch_2b).
 GPU_TOL = 1e-4

@@ -176,7 +176,8 @@ BAD_FIELDS = [
     (("losses",), {"ner": "Inf"}, "losses must be an object of numbers"),
     (("losses",), {"ner": "NaN "}, "losses must be an object of numbers"),
     (("losses",), {"ner": ["NaN"]}, "losses must be an object of numbers"),
-    (("results", 0), ["NaN", 0], "results[0] must be a [score, step] pair"),
+    (("results", 0), ["nan", 0], "results[0] must be a [score, step] pair"),
+    (("results", 0), [None, 0], "results[0] must be a [score, step] pair"),
     (("seconds",), "Infinity", "seconds must be a number >= 0"),
 ]
 
@@ -201,6 +202,21 @@ def test_a_state_saved_before_the_losses_were_is_read(copied):
     del state["losses"]
     srsly.write_json(path, state)
     assert "losses" not in read_training_state(out)
+
+
+def test_a_state_with_a_non_finite_dev_score_is_read(copied):
+    """save_training_state writes a NaN or infinite dev score (weights times scores that
+    are not finite) as strict JSON's "NaN" / "Infinity" strings, as it does losses;
+    the reader takes them back as floats (it refused them, so such a run could not be
+    resumed), and a bare NaN from a state written before strict JSON as well."""
+    out, path, state = copied
+    results = [["NaN", 0], ["Infinity", 2], ["-Infinity", 4]]
+    srsly.write_json(path, dict(state, results=results))
+    read = read_training_state(out)["results"]
+    assert [repr(score) for score, _ in read] == ["nan", "inf", "-inf"]
+    assert [step for _, step in read] == [0, 2, 4]
+    path.write_text(json.dumps(dict(state, results=[[float("nan"), 0]])), encoding="utf8")
+    assert repr(read_training_state(out)["results"][0][0]) == "nan"
 
 
 def test_resume_refuses_a_numpy_random_state_outside_its_key(copied):

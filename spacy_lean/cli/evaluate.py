@@ -2,6 +2,7 @@
 back-off and several workers."""
 
 import hashlib
+import math
 import time
 import warnings
 from pathlib import Path
@@ -229,7 +230,7 @@ def evaluate_streaming_cli(
     start = time.perf_counter()
     try:
         if workers == 1 and backend == "processes":
-            state, n_examples = _run_single(
+            state, n_examples, empty_docs = _run_single(
                 nlp,
                 shards,
                 state,
@@ -244,7 +245,7 @@ def evaluate_streaming_cli(
                 progress=progress,
             )
         else:
-            state, n_examples = _run_workers(
+            state, n_examples, empty_docs = _run_workers(
                 model,
                 nlp,
                 shards,
@@ -299,12 +300,43 @@ def evaluate_streaming_cli(
     else:
         rate = n_examples / max(elapsed, 1e-9)
         msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} docs/s)")
+    if empty_docs:
+        msg.info(
+            f"Skipped {empty_docs} empty doc(s) (no tokens) in {data_path}, as `spacy "
+            "evaluate` skips them: they count for no score"
+        )
     scores = state.result()
     _print_scores(scores, per_component=per_component, spans_key=spans_key, output=output)
     if output is not None:
-        srsly.write_json(output, scores)
+        _write_scores(output, scores)
         msg.good(f"Saved results to {output}")
     return scores
+
+
+def _write_scores(output: Path, scores: Dict[str, Any]) -> None:
+    """Write --output as `spacy evaluate --output` does (srsly's JSON, byte for byte),
+    except that a score that is not finite, on which srsly fails after the whole
+    evaluation has run, is written as null (as spaCy writes a score it could not
+    compute) and named in a warning."""
+    not_finite: List[str] = []
+
+    def clean(value: Any, key: str) -> Any:
+        if hasattr(value, "item") and not isinstance(value, (dict, list)):
+            value = value.item()  # a numpy scalar from a custom scorer
+        if isinstance(value, float) and not math.isfinite(value):
+            not_finite.append(f"{key} ({value})")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    srsly.write_json(output, clean(scores, ""))
+    if not_finite:
+        msg.warn(
+            f"Scores that are not finite, written as null in {output}: " + ", ".join(not_finite)
+        )
 
 
 def _visible_gpus(use_gpu: int) -> List[int]:
@@ -423,7 +455,7 @@ def _run_single(
                 f"The checkpoint holds a finished evaluation of {skip} examples: showing "
                 "its scores"
             )
-            return state, skip
+            return state, skip, None
         msg.info(f"Resuming from the checkpoint: {skip} examples already counted")
     if ckpt is not None and window_size is None:
         # Save points fall at window ends: keep a window within one save interval.
@@ -460,8 +492,11 @@ def _run_single(
         if ckpt is not None:
             ckpt.on_window(ev)
 
+    counts: Dict[str, int] = {}
     try:
-        examples = read_examples(nlp, shards, gold_preproc=gold_preproc)
+        # Read from the start when resuming too (the skipped examples are read, not
+        # scored): the count of empty docs covers all the data.
+        examples = read_examples(nlp, shards, gold_preproc=gold_preproc, counts=counts)
         evaluator.run(examples, skip=skip, on_window=on_window)
     finally:
         bar.close()
@@ -479,7 +514,7 @@ def _run_single(
             n_batches=evaluator.n_batches,
             done=True,
         )
-    return evaluator.state, evaluator.n_examples
+    return evaluator.state, evaluator.n_examples, counts["empty_docs"]
 
 
 def _run_workers(
@@ -542,7 +577,11 @@ def _run_workers(
 
     def on_result(unit, result) -> None:
         nonlocal since_save
-        done[unit.index] = {"state": result.state, "n_examples": result.n_examples}
+        done[unit.index] = {
+            "state": result.state,
+            "n_examples": result.n_examples,
+            "empty_docs": result.empty_docs,
+        }
         bar.update(result.n_examples)
         for failed, new in result.oom_events:
             msg.warn(
@@ -584,7 +623,11 @@ def _run_workers(
     if ckpt is not None:
         ckpt.save(state, units=done, done=True)
     merged = merge_states({i: unit["state"] for i, unit in done.items()}, nlp, template=state)
-    return merged, sum(unit["n_examples"] for unit in done.values())
+    n_examples = sum(unit["n_examples"] for unit in done.values())
+    # Unknown (None) where a unit was finished by a version that did not count them.
+    known = all("empty_docs" in unit for unit in done.values())
+    empty_docs = sum(unit.get("empty_docs", 0) for unit in done.values()) if known else None
+    return merged, n_examples, empty_docs
 
 
 def _print_scores(

@@ -7,7 +7,7 @@ from them, and fingerprinting them. Training (`spacy-lean.Corpus.v1`), evaluatio
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from spacy.language import Language
 from spacy.tokens import Doc
@@ -186,6 +186,7 @@ def read_examples(
     *,
     gold_preproc: bool = False,
     part: Tuple[int, int] = (0, 1),
+    counts: Optional[Dict[str, int]] = None,
 ) -> Iterator[Example]:
     """Yield evaluation examples from data files, reading one file at a time, made as
     `spacy evaluate` makes them (`spacy.Corpus`, no length limit; empty docs skipped).
@@ -196,13 +197,25 @@ def read_examples(
     part (Tuple[int, int]): (k, n): yield only the examples of the k-th of n
         contiguous, near-equal parts of each file's stored docs (splits one file among
         workers; each part is read in bounded memory, the parts hold every example once).
+    counts (Optional[Dict[str, int]]): if given, "empty_docs" counts the docs skipped
+        for having no tokens, as they are read (so that the caller can say so: spaCy
+        skips them in silence).
     RETURNS (Iterator[Example]): the examples.
     """
+    if counts is not None:
+        counts.setdefault("empty_docs", 0)
+
+    def non_empty(docs: Iterable[Doc]) -> Iterator[Doc]:
+        for doc in docs:
+            if len(doc):
+                yield doc
+            elif counts is not None:
+                counts["empty_docs"] += 1
+
     for shard in shards:
         shard = Path(shard)
         corpus = Corpus(shard, gold_preproc=gold_preproc)
-        docs = iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part)
-        ref_docs = (doc for doc in docs if len(doc))
+        ref_docs = non_empty(iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part))
         if gold_preproc:
             yield from corpus.make_examples_gold_preproc(nlp, ref_docs)
         else:

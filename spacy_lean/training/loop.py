@@ -392,10 +392,15 @@ def _strict_json(value: Any) -> Any:
     return value
 
 
-def _is_loss(value: Any) -> bool:
-    # A number (a bare NaN or Infinity in a state written before strict JSON), or the
-    # string a non-finite loss is written as now.
+def _is_float(value: Any) -> bool:
+    # A loss or a dev score: a number (a bare NaN or Infinity in a state written before
+    # strict JSON), or the string a non-finite one is written as now.
     return type(value) in (int, float) or (type(value) is str and value in NON_FINITE)
+
+
+def _from_strict_json(value: Any) -> Any:
+    # What _strict_json wrote for a non-finite float, read back.
+    return NON_FINITE[value] if isinstance(value, str) else value
 
 
 def read_training_state(output_path: Path) -> Dict[str, Any]:
@@ -422,10 +427,12 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
         )
     _check_state(state, file_)
+    # A diverged run's dev score or loss may be NaN or infinite: the resumed run logs
+    # and compares them as the uninterrupted run would have.
+    state["results"] = [[_from_strict_json(score), step] for score, step in state["results"]]
     if "losses" in state:
         state["losses"] = {
-            name: NON_FINITE[value] if isinstance(value, str) else value
-            for name, value in state["losses"].items()
+            name: _from_strict_json(value) for name, value in state["losses"].items()
         }
     return state
 
@@ -507,11 +514,16 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
         if not (
             isinstance(pair, list)
             and len(pair) == 2
-            and _is_number(pair[0])
+            and _is_float(pair[0])
             and _is_count(pair[1])
             and pair[1] <= step
         ):
-            fail(f"results[{i}]", pair, f"a [score, step] pair with a step from 0 to {step}")
+            fail(
+                f"results[{i}]",
+                pair,
+                f"a [score, step] pair with a step from 0 to {step} (the score a number, or "
+                '"NaN", "Infinity" or "-Infinity" for one that is not finite)',
+            )
     if not _is_count(state["words"]):
         fail("words", state["words"], "a whole number >= 0")
     if not (_is_number(state["seconds"]) and state["seconds"] >= 0):
@@ -584,7 +596,7 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     # NaN or infinite (a diverged run logs it so, and its resume logs it alike): written
     # as "NaN", "Infinity" or "-Infinity" (strict JSON), or bare in older states.
     losses = state.get("losses", {})
-    if not (isinstance(losses, dict) and all(_is_loss(v) for v in losses.values())):
+    if not (isinstance(losses, dict) and all(_is_float(v) for v in losses.values())):
         fail(
             "losses",
             losses,
