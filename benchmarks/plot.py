@@ -701,7 +701,48 @@ def plot_train_shapes(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_gradient_noise(data: Dict[str, Any]) -> plt.Figure:
+    """Left: the smallest gradient arrays relative to the largest gradient (log scale):
+    the key biases' rounding noise far below everything else. Right: per run against
+    stock on 1 thread, the largest difference of a real gradient relative to its array,
+    and of a noise array relative to itself."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    arrays = data["smallest_arrays"]
+    names = [a["name"].split("shim0/")[-1].replace("encoder.layer.", "L") for a in arrays]
+    _bars(
+        left,
+        names,
+        {"max |grad| / scale": [a["relative_to_scale"] for a in arrays]},
+        "relative to the largest gradient",
+        "Smallest gradient arrays",
+        fmt="{:.1e}",
+    )
+    left.set_yscale("log")
+    runs = data["differences_from_stock_1_thread"]
+    real = [runs[r]["relative"] or None for r in runs]
+    noise = [
+        max(
+            (row.get("relative_to_itself") or 0.0 for row in runs[r]["worst_near_zero"]),
+            default=0.0,
+        )
+        or None
+        for r in runs
+    ]
+    _bars(
+        right,
+        list(runs),
+        {"real gradients (vs own max)": real, "noise arrays (vs themselves)": noise},
+        "largest relative difference",
+        "Against stock, 1 thread",
+        fmt="{:.1e}",
+    )
+    right.set_yscale("log")
+    fig.tight_layout()
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
+    "gradient_noise": plot_gradient_noise,
     "eval_heap_trim": plot_eval_heap_trim,
     "eval_shapes": plot_eval_shapes,
     "train_shapes": plot_train_shapes,

@@ -694,7 +694,7 @@ def test_checkpoint_nested_too_deep_is_refused(trf_ner_nlp, tmp_path):
 
 @pytest.mark.gpu
 def test_parity_on_gpu(trf_ner_dir, gold_docs):
-    from thinc.api import require_gpu, use_ops
+    from thinc.api import require_cpu, require_gpu
 
     require_gpu(0)
     try:
@@ -703,7 +703,10 @@ def test_parity_on_gpu(trf_ner_dir, gold_docs):
         ours = evaluate(nlp, fresh_examples(nlp, gold_docs), batch_size=4)
         assert_same_scores(ours, expected)
     finally:
-        use_ops("numpy")
+        # The CPU's ops and torch's CPU tensors again. (This called use_ops("numpy"),
+        # a context manager, bare: it changed nothing, and the module's later tests ran
+        # on the GPU's ops.)
+        require_cpu()
 
 
 def test_evaluation_leaves_the_global_random_state_alone(trf_ner_nlp, gold_docs):

@@ -16,12 +16,14 @@ This module is also given to `spacy train --code` (it registers the probe), so i
 its module level light.
 """
 
+import contextlib
 import copy
 import os
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy
 import pytest
@@ -45,6 +47,7 @@ from spacy_lean.training import (
     plan_micro_batches,
 )
 from spacy_lean.training.callbacks import CALLBACK_NAME
+from spacy_lean.training.dist import grad_scalers
 
 RTOL, ATOL, SCALE_TOL = 1e-4, 1e-6, 1e-5
 PARAM_ATOL = 3e-5
@@ -204,7 +207,7 @@ def arrays(nlp, grads=False, labels=False):
                         out.append(("torch", pname))
                         continue
                     value = param.grad if grads else param
-                    out.append(None if value is None else value.detach().numpy().copy())
+                    out.append(None if value is None else value.detach().cpu().numpy().copy())
     return out
 
 
@@ -338,6 +341,65 @@ def test_oom_split_gives_the_whole_batch_update(pipeline_dir, batches):
     # One warning per newly learned size, not one per batch.
     messages = [str(w.message) for w in record if issubclass(w.category, OOMSplitWarning)]
     assert len(messages) == len(set(messages)) == len(policy.learned_limits)
+
+
+@contextlib.contextmanager
+def mixed_precision_scaler_on_the_cpu():
+    """thinc's gradient scaler (mixed precision) refuses tensors that are not on a GPU,
+    but its arithmetic is the same on the CPU: scale the gradient flowing into the
+    torch model by 2^16, let torch accumulate, unscale the model's .grad with torch's
+    own kernel (which runs on the CPU too), check for infinities. For the test, its
+    scaling step is let through on the CPU; the forward stays in float32 (autocast for
+    "cuda" does nothing here), so the scaled and unscaled gradients are exact."""
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    def scale_tensor(self, tensor, scale_per_device, inplace):
+        scale = self._scale.to(tensor.device)
+        return tensor.mul_(scale) if inplace else tensor * scale
+
+    with mock.patch.object(PyTorchGradScaler, "_scale_tensor", scale_tensor):
+        with warnings.catch_warnings():
+            # torch.autocast("cuda") without CUDA: it says it is disabled
+            warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
+            yield
+
+
+def fresh_mixed_precision(pipeline_dir):
+    config = {"components": {"transformer": {"model": {"mixed_precision": True}}}}
+    nlp = spacy.load(pipeline_dir, config=config)
+    install_exact_parser_gradient(nlp)
+    (scaler,) = grad_scalers(nlp)
+    return nlp, scaler
+
+
+def test_mixed_precision_micro_batches_give_the_whole_batch_update(pipeline_dir, batches):
+    """With mixed precision, thinc's shim unscales every .grad of the torch model after
+    each backward pass, the gradients accumulated by earlier passes too, so the
+    transformer's gradient of every micro-batch but the last was divided by the scale
+    (2^16) again: micro-batches (and lean_update's length-sorted span groups, one
+    backward pass each) lost all but the last one's transformer gradient. Accumulated,
+    they must give the whole batch's update, through optimizer steps (whose scale updates
+    stay in step too)."""
+    with mixed_precision_scaler_on_the_cpu():
+        whole, whole_scaler = fresh_mixed_precision(pipeline_dir)
+        split, split_scaler = fresh_mixed_precision(pipeline_dir)
+        assert whole_scaler._enabled and float(whole_scaler._scale) == 2.0**16
+        opt_whole, opt_split = Adam(0.001), Adam(0.001)
+        policy = UpdatePolicy(max_padded_tokens=60)
+        for step, batch in enumerate(batches[:2]):
+            losses_whole, losses_split = {}, {}
+            whole.update(batch, sgd=False, losses=losses_whole)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", OOMSplitWarning)  # an oversize doc
+                lean_update(split, batch, losses=losses_split, policy=policy)
+            assert_same(arrays(split, grads=True), arrays(whole, grads=True), f"step {step} grad")
+            assert_same_losses(losses_split, losses_whole)
+            assert not split_scaler.found_inf and not whole_scaler.found_inf
+            finish(whole, opt_whole)
+            finish(split, opt_split)
+        assert policy.micro_batches > policy.batches == 2
+        assert_same(arrays(split), arrays(whole), "param after 2 steps", atol=PARAM_ATOL)
+        assert float(split_scaler._scale) == float(whole_scaler._scale)
 
 
 def test_learned_size_is_kept(pipeline_dir, batches):
@@ -713,6 +775,40 @@ def test_oom_benchmark_script_on_the_cpu(tmp_path):
     result = run_oom_benchmark(tmp_path, "--cpu-check")
     assert result["cpu_check"] and result["training"]["cap_mb"] is None
     check_oom_benchmark(result)
+
+
+@pytest.mark.gpu
+def test_mixed_precision_micro_batches_on_the_gpu(pipeline_dir, batches):
+    """The same on a GPU with float16 autocast (thinc's scaler unpatched): lean_update
+    in micro-batches against nlp.update on the whole batch. The float16 forward runs on
+    tensors of other shapes, so the gradients agree to float16 rounding, not float32's:
+    each array's difference within 2% of its norm (without the accumulation fix every
+    micro-batch but the last lost its transformer gradient: differences of the order
+    of the gradient itself). BERT's key biases are rounding noise and left out."""
+    from thinc.api import require_cpu, require_gpu, set_gpu_allocator
+
+    set_gpu_allocator("pytorch")
+    require_gpu(0)
+    try:
+        whole, scaler = fresh_mixed_precision(pipeline_dir)
+        split, _ = fresh_mixed_precision(pipeline_dir)
+        assert scaler._enabled
+        batch = batches[0]
+        whole.update(batch, sgd=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OOMSplitWarning)
+            lean_update(split, batch, policy=UpdatePolicy(max_padded_tokens=60))
+        labels = arrays(whole, labels=True)
+        far = []
+        for label, a, b in zip(labels, arrays(split, grads=True), arrays(whole, grads=True)):
+            if a is None or b is None or "key.bias" in label[1]:
+                continue
+            norm = float(numpy.linalg.norm(b))
+            if norm and float(numpy.linalg.norm(a - b)) > 0.02 * norm:
+                far.append((label, float(numpy.linalg.norm(a - b)) / norm))
+        assert not far, far
+    finally:
+        require_cpu()
 
 
 @pytest.mark.gpu

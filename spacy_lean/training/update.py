@@ -57,6 +57,7 @@ from ..memory import DEFAULT_TRIM_SETTLE, DEFAULT_TRIM_SLACK_MB, HeapTrimmer, em
 from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
 from ..trf_batching import sorted_span_groups
+from .grad_scaling import install_mixed_precision_accumulation
 from .parser_grad import install_exact_parser_gradient
 
 # Components whose update was checked: the gradient is a sum over the batch, the loss
@@ -512,6 +513,9 @@ def lean_update(
         )
     if policy.exact_parser_gradient:
         install_exact_parser_gradient(nlp)
+    # Mixed precision: the torch models' gradients of several backward passes (span
+    # groups, micro-batches, accumulate_gradient) add up, as without it.
+    install_mixed_precision_accumulation(nlp)
     if not examples:
         return losses
     lengths = [policy.length(eg) for eg in examples]

@@ -1,0 +1,79 @@
+"""Gradients accumulated over several backward passes under mixed precision.
+
+With mixed precision (spacy-transformers' `mixed_precision = true`), thinc's PyTorchShim
+multiplies the gradient flowing into the torch model by its grad scaler's scale (2^16 to
+start) so that float16 gradients do not underflow, and after the backward pass unscales
+*every* `.grad` of the model (and checks them for infinities). A `.grad` that already
+held the gradient of an earlier backward pass, accumulated before the optimizer step, is
+divided by the scale a second time. With more than one backward pass per optimizer step,
+every pass but the last thus loses its share of the torch model's gradient (it is
+divided by 65,536 or more), while thinc's own layers keep theirs. That happens with
+spaCy's `accumulate_gradient` > 1, on micro-batches, and on every `lean_update` (its
+length-sorted span groups run one backward pass each).
+
+`install_mixed_precision_accumulation(nlp)` replaces the forward function of every node
+that runs a PyTorchShim (`thinc.layers.pytorchwrapper.forward`: `PyTorchWrapper` and
+spacy-transformers' Hugging Face layer) so that, before each backward pass, the gradients
+the shim's model already holds are multiplied by the current scale. The shim's unscale
+then brings them back (times S, divided by S: exact, the scale being a power of two with
+thinc's default growth and backoff factors) and adds the new pass's unscaled gradient. In
+place, so no copy of the gradients is made. Without an enabled grad scaler (no mixed
+precision, or no GPU) nothing changes. Nor is anything saved with the pipeline.
+"""
+
+from typing import Any, Callable, Tuple
+
+from spacy.language import Language
+from thinc.api import Model
+from thinc.layers import pytorchwrapper
+
+_THINC_FORWARD = pytorchwrapper.forward
+
+
+def _prescale_accumulated(shim: Any) -> None:
+    """Multiply the gradients `shim`'s model holds by its scaler's scale, when the
+    scaler is enabled, so that the unscale after the next backward pass restores them."""
+    scaler = getattr(shim, "_grad_scaler", None)
+    if scaler is None or not getattr(scaler, "_enabled", False):
+        return
+    scales = {}
+    for param in shim._model.parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        device = grad.device
+        if device not in scales:
+            scales[device] = scaler._scale.to(device=device, dtype=grad.dtype)
+        grad.mul_(scales[device])
+
+
+def _accumulating_forward(model: Model, X: Any, is_train: bool) -> Tuple[Any, Callable]:
+    Y, backprop = _THINC_FORWARD(model, X, is_train)
+
+    def backward(dY: Any) -> Any:
+        for shim in model.shims:
+            _prescale_accumulated(shim)
+        return backprop(dY)
+
+    return Y, backward
+
+
+def install_mixed_precision_accumulation(nlp: Language) -> int:
+    """Make the torch models' gradients add up over several backward passes before an
+    optimizer step under mixed precision, as they do without it (see the module
+    docstring). Idempotent; changes nothing where no grad scaler is enabled; not saved
+    with the pipeline.
+
+    nlp (Language): the pipeline.
+    RETURNS (int): how many nodes run a PyTorchShim with the accumulating backward pass.
+    """
+    from .update import _models
+
+    count = 0
+    for node in _models(nlp):
+        # thinc keeps a layer's forward function in `_func`.
+        if getattr(node, "_func", None) is _THINC_FORWARD:
+            node._func = _accumulating_forward
+        if getattr(node, "_func", None) is _accumulating_forward:
+            count += 1
+    return count
