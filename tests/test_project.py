@@ -481,7 +481,9 @@ def test_all_workflow_runs_offline_end_to_end(tmp_path):
 @pytest.mark.gpu
 def test_all_workflow_runs_on_gpu(tmp_path):
     pytest.importorskip("cupy", reason="GPU training needs spacy-lean[cuda12x]")
-    _check_all_workflow(tmp_path, {**TINY_VARS, "gpu_id": 0, "mixed_precision": "true"})
+    # float16 kernels on batches of other shapes: the two evaluations may differ slightly.
+    gpu_vars = {"gpu_id": 0, "mixed_precision": "true", "compare_tolerance": 0.05}
+    _check_all_workflow(tmp_path, {**TINY_VARS, **gpu_vars})
 
 
 def _check_all_workflow(tmp_path, tiny_vars):

@@ -289,12 +289,14 @@ def test_training_groups_in_a_pipeline_update(trf_ner_nlp):
 
 def test_lean_update_sorts_spans_unless_told_not_to(trf_ner_nlp):
     """`lean_update` runs the transformer in length-sorted groups (`sort_spans`, on by
-    default) and in one call with `sort_spans=False`; the layer is put back after."""
-    from spacy_lean.training import UpdatePolicy, lean_update
+    default) and in one call with `sort_spans=False`; the layer is put back after (as
+    lean_update leaves it: with the mixed-precision accumulation it installs for good)."""
+    from spacy_lean.training import UpdatePolicy, install_mixed_precision_accumulation, lean_update
 
     nlp = trf_ner_nlp
     gold = synthetic.make_ner_docs(spacy.blank("en"), 16, seed=7, long_doc_rate=0.4)
     examples = [Example(nlp.make_doc(d.text), d) for d in gold]
+    assert install_mixed_precision_accumulation(nlp) == 1
     forward = hf_layer(nlp)._func
     counts, handle = count_wordpieces(nlp)
     try:
