@@ -106,7 +106,7 @@ case "${1:-}" in
     # The tests marked gpu, a file or two at a time: a step cut short by its limit loses
     # only its own tracebacks (pytest prints them at the end).
     step tests_charlm 90 bash "$0" tests 60 tests/test_charlm_parity.py tests/test_charlm_train.py
-    step tests_ddp 240 bash "$0" tests 200 tests/test_train_ddp.py
+    step tests_ddp 300 bash "$0" tests 200 tests/test_train_ddp.py
     step tests_cleaner_evaluate 90 bash "$0" tests 60 tests/test_cleaner.py tests/test_evaluate.py
     step tests_project 240 bash "$0" tests 220 tests/test_project.py
     # oom_gpu.py --quick with the test's assertions (the oom_gpu step above ran it in full).

@@ -235,6 +235,55 @@ def test_one_rank_gives_stock_spacy_trains_weights(one_rank, stock_one_rank):
     assert max_diff(lean, initial) > 100 * 1e-5
 
 
+# spaCy's parser/ner lower layer draws its initialisation from the device's generator
+# (`ops.xp.random` in spacy/ml/_precomputable_affine.py: cupy's on a GPU, numpy's on the
+# CPU), so a GPU run and a CPU run with the same seed start from other ner weights. To
+# compare GPU training with CPU training, both start from one pipeline initialised on
+# the CPU (`spacy init nlp`), every component sourced from it.
+@pytest.fixture(scope="module")
+def sourced_setup(setup, tmp_path_factory):
+    """The setup's config with every component sourced from a pipeline that `spacy init
+    nlp` initialised on the CPU (config.cfg there: the same training settings)."""
+    root = tmp_path_factory.mktemp("sourced")
+    init = root / "init"
+    cmd = [sys.executable, "-m", "spacy", "init", "nlp", str(setup / "config.cfg"), str(init)]
+    cmd += ["--code", str(setup / "code.py"), "--paths.train", str(setup / "train.spacy")]
+    cmd += ["--paths.dev", str(setup / "dev.spacy")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = Config().from_disk(setup / "config.cfg", interpolate=False)
+    for name in config["nlp"]["pipeline"]:
+        config["components"][name] = {"source": str(init)}
+    for file_ in ("train.spacy", "dev.spacy", "code.py", "patterns.json"):
+        shutil.copy(setup / file_, root / file_)
+    config.to_disk(root / "config.cfg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cpu_sourced(sourced_setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cpu_sourced")
+    proc = run_train(sourced_setup, out, "--training.batcher.size", "8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_a_run_from_a_sourced_initialisation_trains_as_one_that_initialises(
+    one_rank, cpu_sourced, sourced_setup
+):
+    """On the CPU, training from the pipeline `spacy init nlp` saved (every component
+    sourced) gives the weights of the run that initialised in-process: sourcing changes
+    nothing but where the initial weights come from, so the GPU run can start from them
+    (test_gpu_training_from_cpu_initialised_weights_gives_the_cpu_weights)."""
+    sourced, initialised = params_of(cpu_sourced / "model-last"), params_of(
+        one_rank[0] / "model-last"
+    )
+    diff = max_diff(sourced, initialised)
+    assert diff < 1e-6, (diff, largest_diffs(sourced, initialised))
+    assert max_diff(initialised, params_of(sourced_setup / "init")) > 100 * 1e-5  # it trained
+
+
 def test_only_the_parser_hidden_w_gradient_depends_on_grouping_in_one_process(setup):
     """Why `lean_update`'s exact parser gradient matters here, shown with spaCy's own
     `nlp.update` in one process: the summed gradients of 2 x 4 examples equal those of
@@ -558,6 +607,25 @@ def test_context_backend_choice():
 # steps (GPU and CPU kernels sum in other orders), while the steps move them by more
 # than 1e-3 (test_two_ranks_batch_b_equal_one_rank_batch_2b).
 GPU_TOL = 1e-4
+
+
+# First, as the most telling (the device's time is short).
+@pytest.fixture(scope="module")
+def gpu_sourced(sourced_setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_sourced")
+    proc = run_train(sourced_setup, out, "--gpu-ids", "0", "--training.batcher.size", "8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.mark.gpu
+def test_gpu_training_from_cpu_initialised_weights_gives_the_cpu_weights(cpu_sourced, gpu_sourced):
+    """From the same initial weights (initialised on the CPU: spaCy's ner initialises
+    from the device's generator), `spacy lean train` on the GPU ends with the CPU run's
+    weights, within GPU_TOL (GPU and CPU kernels sum in other orders)."""
+    cpu, gpu = params_of(cpu_sourced / "model-last"), params_of(gpu_sourced / "model-last")
+    diff = max_diff(cpu, gpu)
+    assert diff < GPU_TOL, (diff, largest_diffs(gpu, cpu))
 
 
 @pytest.fixture(scope="module")
