@@ -134,3 +134,28 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def mixed_precision_on_the_cpu():
+    """thinc's gradient scaler (mixed precision) refuses tensors that are not on a GPU,
+    but its arithmetic is the same on the CPU: scale the gradient flowing into the
+    torch model by 2^16, let torch accumulate, unscale the model's .grad with torch's
+    own kernel (which runs on the CPU too), check for infinities, update the scale. For
+    the test, its scaling step is let through on the CPU; the forward stays in float32
+    (autocast for "cuda" does nothing here), so the scaled and unscaled gradients are
+    exact."""
+    import warnings
+    from unittest import mock
+
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    def scale_tensor(self, tensor, scale_per_device, inplace):
+        scale = self._scale.to(tensor.device)
+        return tensor.mul_(scale) if inplace else tensor * scale
+
+    with mock.patch.object(PyTorchGradScaler, "_scale_tensor", scale_tensor):
+        with warnings.catch_warnings():
+            # torch.autocast("cuda") without CUDA: it says it is disabled
+            warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
+            yield

@@ -16,14 +16,12 @@ This module is also given to `spacy train --code` (it registers the probe), so i
 its module level light.
 """
 
-import contextlib
 import copy
 import os
 import subprocess
 import sys
 import warnings
 from pathlib import Path
-from unittest import mock
 
 import numpy
 import pytest
@@ -343,27 +341,6 @@ def test_oom_split_gives_the_whole_batch_update(pipeline_dir, batches):
     assert len(messages) == len(set(messages)) == len(policy.learned_limits)
 
 
-@contextlib.contextmanager
-def mixed_precision_scaler_on_the_cpu():
-    """thinc's gradient scaler (mixed precision) refuses tensors that are not on a GPU,
-    but its arithmetic is the same on the CPU: scale the gradient flowing into the
-    torch model by 2^16, let torch accumulate, unscale the model's .grad with torch's
-    own kernel (which runs on the CPU too), check for infinities. For the test, its
-    scaling step is let through on the CPU; the forward stays in float32 (autocast for
-    "cuda" does nothing here), so the scaled and unscaled gradients are exact."""
-    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
-
-    def scale_tensor(self, tensor, scale_per_device, inplace):
-        scale = self._scale.to(tensor.device)
-        return tensor.mul_(scale) if inplace else tensor * scale
-
-    with mock.patch.object(PyTorchGradScaler, "_scale_tensor", scale_tensor):
-        with warnings.catch_warnings():
-            # torch.autocast("cuda") without CUDA: it says it is disabled
-            warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
-            yield
-
-
 def fresh_mixed_precision(pipeline_dir):
     config = {"components": {"transformer": {"model": {"mixed_precision": True}}}}
     nlp = spacy.load(pipeline_dir, config=config)
@@ -372,7 +349,9 @@ def fresh_mixed_precision(pipeline_dir):
     return nlp, scaler
 
 
-def test_mixed_precision_micro_batches_give_the_whole_batch_update(pipeline_dir, batches):
+def test_mixed_precision_micro_batches_give_the_whole_batch_update(
+    pipeline_dir, batches, mixed_precision_on_the_cpu
+):
     """With mixed precision, thinc's shim unscales every .grad of the torch model after
     each backward pass, the gradients accumulated by earlier passes too, so the
     transformer's gradient of every micro-batch but the last was divided by the scale
@@ -380,26 +359,25 @@ def test_mixed_precision_micro_batches_give_the_whole_batch_update(pipeline_dir,
     backward pass each) lost all but the last one's transformer gradient. Accumulated,
     they must give the whole batch's update, through optimizer steps (whose scale updates
     stay in step too)."""
-    with mixed_precision_scaler_on_the_cpu():
-        whole, whole_scaler = fresh_mixed_precision(pipeline_dir)
-        split, split_scaler = fresh_mixed_precision(pipeline_dir)
-        assert whole_scaler._enabled and float(whole_scaler._scale) == 2.0**16
-        opt_whole, opt_split = Adam(0.001), Adam(0.001)
-        policy = UpdatePolicy(max_padded_tokens=60)
-        for step, batch in enumerate(batches[:2]):
-            losses_whole, losses_split = {}, {}
-            whole.update(batch, sgd=False, losses=losses_whole)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", OOMSplitWarning)  # an oversize doc
-                lean_update(split, batch, losses=losses_split, policy=policy)
-            assert_same(arrays(split, grads=True), arrays(whole, grads=True), f"step {step} grad")
-            assert_same_losses(losses_split, losses_whole)
-            assert not split_scaler.found_inf and not whole_scaler.found_inf
-            finish(whole, opt_whole)
-            finish(split, opt_split)
-        assert policy.micro_batches > policy.batches == 2
-        assert_same(arrays(split), arrays(whole), "param after 2 steps", atol=PARAM_ATOL)
-        assert float(split_scaler._scale) == float(whole_scaler._scale)
+    whole, whole_scaler = fresh_mixed_precision(pipeline_dir)
+    split, split_scaler = fresh_mixed_precision(pipeline_dir)
+    assert whole_scaler._enabled and float(whole_scaler._scale) == 2.0**16
+    opt_whole, opt_split = Adam(0.001), Adam(0.001)
+    policy = UpdatePolicy(max_padded_tokens=60)
+    for step, batch in enumerate(batches[:2]):
+        losses_whole, losses_split = {}, {}
+        whole.update(batch, sgd=False, losses=losses_whole)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OOMSplitWarning)  # an oversize doc
+            lean_update(split, batch, losses=losses_split, policy=policy)
+        assert_same(arrays(split, grads=True), arrays(whole, grads=True), f"step {step} grad")
+        assert_same_losses(losses_split, losses_whole)
+        assert not split_scaler.found_inf and not whole_scaler.found_inf
+        finish(whole, opt_whole)
+        finish(split, opt_split)
+    assert policy.micro_batches > policy.batches == 2
+    assert_same(arrays(split), arrays(whole), "param after 2 steps", atol=PARAM_ATOL)
+    assert float(split_scaler._scale) == float(whole_scaler._scale)
 
 
 def test_learned_size_is_kept(pipeline_dir, batches):

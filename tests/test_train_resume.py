@@ -179,6 +179,11 @@ BAD_FIELDS = [
     (("results", 0), ["nan", 0], "results[0] must be a [score, step] pair"),
     (("results", 0), [None, 0], "results[0] must be a [score, step] pair"),
     (("seconds",), "Infinity", "seconds must be a number >= 0"),
+    (("grad_scalers",), {"scale": 1.0}, "grad_scalers must be a list of {scale, growth_tracker}"),
+    (("grad_scalers",), [{"scale": 0.0, "growth_tracker": 0}], "grad_scalers must be a list"),
+    (("grad_scalers",), [{"scale": "NaN", "growth_tracker": 0}], "grad_scalers must be a list"),
+    (("grad_scalers",), [{"scale": 2.0, "growth_tracker": -1}], "grad_scalers must be a list"),
+    (("grad_scalers",), [{"scale": 2.0}], "grad_scalers must be a list"),
 ]
 
 
@@ -627,3 +632,84 @@ def test_resume_says_what_to_do_with_a_truncated_optimizer_state(copied, setup, 
     text = resume_fails(setup, out, capsys, **{"training.max_epochs": 3})
     assert f"Could not read the optimizer state {path}" in text and FIX in text
     assert "Traceback" not in text
+
+
+# -- mixed precision: the loss scale ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_precision_setup(tmp_path_factory, trf_ner_config):
+    """The tiny transformer + ner with mixed precision and a grad scaler whose scale
+    doubles after every step without overflow (growth_interval 1), 8 docs in batches of
+    2, 2 epochs: 8 steps."""
+    from spacy.cli.init_config import fill_config
+    from thinc.api import Config
+
+    root = tmp_path_factory.mktemp("mixed_precision")
+    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42, long_doc_rate=0.0)
+    config = Config().from_str(trf_ner_config, interpolate=False)
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    model = config["components"]["transformer"]["model"]
+    model["mixed_precision"] = True
+    model["grad_scaler_config"] = {"growth_interval": 1}
+    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2)
+    config["training"]["batcher"] = {
+        "@batchers": "spacy.batch_by_sequence.v1",
+        "size": 2,
+        "get_length": None,
+    }
+    config.to_disk(root / "partial.cfg")
+    fill_config(root / "config.cfg", root / "partial.cfg", silent=True)
+    return root
+
+
+def test_mixed_precision_loss_scale_is_saved_and_resumed(
+    mixed_precision_setup, tmp_path, mixed_precision_on_the_cpu
+):
+    """state.json keeps each grad scaler's loss scale and growth tracker, and a resumed
+    run goes on from them: else a scale that had backed off after overflows would start
+    again at 2^16 (and overflow again), or, as here, one that had grown would shrink
+    back. (thinc's scaler arithmetic on the CPU; float32, so only the scale shows it.)"""
+    whole = tmp_path / "whole"
+    run(mixed_precision_setup, whole)
+    final = read_training_state(whole)["grad_scalers"]
+    assert len(final) == 1 and final[0]["scale"] == 2.0 ** (16 + 8)  # it grew at every step
+    out = tmp_path / "run"
+    run(mixed_precision_setup, out, **{"training.max_steps": 3})
+    saved = read_training_state(out)["grad_scalers"]
+    assert 2.0**16 < saved[0]["scale"] < final[0]["scale"]
+    run(mixed_precision_setup, out, resume=True)
+    resumed, uninterrupted = read_training_state(out), read_training_state(whole)
+    for key in ("step", "epoch", "words", "results", "losses", "grad_scalers"):
+        assert resumed[key] == uninterrupted[key], key
+    # The weights, to the bit (a transformer's saved bytes differ between two saves of
+    # the same weights: its torch archive's record names).
+    a, b = spacy.load(out / "model-last"), spacy.load(whole / "model-last")
+    values = [{e.name: e.get_value().numpy() for e in collect_params(nlp)} for nlp in (a, b)]
+    assert values[0].keys() == values[1].keys()
+    assert all(numpy.array_equal(values[0][k], values[1][k]) for k in values[0])
+
+
+def test_restore_grad_scalers_says_when_it_cannot():
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    from spacy_lean.training.loop import grad_scaler_states, restore_grad_scalers
+
+    saved_scaler = PyTorchGradScaler(enabled=True)
+    saved_scaler._scale.fill_(1024.0)
+    saved_scaler._growth_tracker.fill_(7)
+    saved = grad_scaler_states([saved_scaler])
+    assert saved == [{"scale": 1024.0, "growth_tracker": 7}]
+    fresh = PyTorchGradScaler(enabled=True)
+    assert restore_grad_scalers([fresh], saved) == ""
+    assert grad_scaler_states([fresh]) == saved
+    assert restore_grad_scalers([], saved) == ""  # no mixed precision now: nothing to do
+    other = PyTorchGradScaler(enabled=True)
+    for state, why in ((None, "has no mixed-precision loss scale"), ([], "has no mixed")):
+        assert why in restore_grad_scalers([other], state)
+    assert "has 1 mixed-precision loss scale(s) and this pipeline 2" in restore_grad_scalers(
+        [other, PyTorchGradScaler(enabled=True)], saved
+    )
+    assert float(other._scale) == 2.0**16  # left at its initial value

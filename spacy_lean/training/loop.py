@@ -592,6 +592,22 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     optimizer = state.get("optimizer", {})
     if not (isinstance(optimizer, dict) and all(_is_number(v) for v in optimizer.values())):
         fail("optimizer", optimizer, "an object of numbers (the optimizer's settings)")
+    scalers = state.get("grad_scalers", [])  # absent in states saved before it was
+    if not (
+        isinstance(scalers, list)
+        and all(
+            isinstance(s, dict)
+            and _is_number(s.get("scale"))
+            and s["scale"] > 0
+            and _is_count(s.get("growth_tracker"))
+            for s in scalers
+        )
+    ):
+        fail(
+            "grad_scalers",
+            scalers,
+            "a list of {scale, growth_tracker} objects (a number > 0, a whole number >= 0)",
+        )
     # Absent in states saved before the losses were: none carried over. A loss may be
     # NaN or infinite (a diverged run logs it so, and its resume logs it alike): written
     # as "NaN", "Infinity" or "-Infinity" (strict JSON), or bare in older states.
@@ -689,6 +705,39 @@ def restore_learned_limits(policy: UpdatePolicy, ranks: Sequence[Dict[str, Any]]
             policy.learn(int(bucket), int(limit))  # keeps the smaller of two limits
 
 
+def grad_scaler_states(scalers: Sequence[Any]) -> List[Dict[str, Any]]:
+    """Mixed precision: each enabled grad scaler's loss scale and the steps since it
+    last changed (the same on every rank: their overflows are agreed on)."""
+    return [
+        {"scale": float(s._scale.item()), "growth_tracker": int(s._growth_tracker.item())}
+        for s in scalers
+    ]
+
+
+def restore_grad_scalers(scalers: Sequence[Any], saved: Optional[Sequence[Dict[str, Any]]]) -> str:
+    """Give a resumed run the loss scales of the saved one (else a scale that had backed
+    off after overflows would start again at its initial value, and overflow again).
+
+    RETURNS (str): "" when restored or when there is nothing to restore, else why not.
+    """
+    if not scalers:
+        return ""
+    if not saved:
+        return (
+            "The saved state has no mixed-precision loss scale (saved without mixed "
+            "precision, or by an older version): the scale starts again at its initial value."
+        )
+    if len(saved) != len(scalers):
+        return (
+            f"The saved state has {len(saved)} mixed-precision loss scale(s) and this "
+            f"pipeline {len(scalers)}: the scales start again at their initial values."
+        )
+    for scaler, state in zip(scalers, saved):
+        scaler._scale.fill_(float(state["scale"]))
+        scaler._growth_tracker.fill_(int(state["growth_tracker"]))
+    return ""
+
+
 # -- the loop ----------------------------------------------------------------------
 
 
@@ -773,6 +822,9 @@ def train(
         seconds_before = float(resume["seconds"])
         losses = {str(name): float(value) for name, value in resume.get("losses", {}).items()}
         load_optimizer(optimizer, entries, Path(resume["path"]) / OPTIMIZER_FILE)
+        not_restored = restore_grad_scalers(scalers, resume.get("grad_scalers"))
+        if not_restored and ctx.is_main:
+            stdout.write(msg.warn(not_restored) + "\n")
         for _ in range(step):  # the schedules (learn rate...) continue per global step
             next(dropouts)
             optimizer.step_schedules()
@@ -841,6 +893,7 @@ def train(
                 "ranks": ranks,
                 "params": [e.name for e in entries],
                 "losses": {name: float(value) for name, value in since_eval.items()},
+                "grad_scalers": grad_scaler_states(scalers),
             }
             save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
 
