@@ -380,6 +380,36 @@ def test_mixed_precision_micro_batches_give_the_whole_batch_update(
     assert float(split_scaler._scale) == float(whole_scaler._scale)
 
 
+def test_an_overflow_in_a_failed_attempt_does_not_skip_the_retried_step(
+    pipeline_dir, batches, mixed_precision_on_the_cpu, monkeypatch
+):
+    """Mixed precision: the whole batch's first attempt overflowed (thinc's scaler found
+    an infinity, so the optimizer step would be skipped) and then ran out of memory.
+    The retry in micro-batches overflows nowhere: the undo restores the scaler's flag
+    with the gradients, and the step is not skipped."""
+    from thinc.shims.pytorch_grad_scaler import PyTorchGradScaler
+
+    overflow_next = [True]
+    unscale = PyTorchGradScaler.unscale
+
+    def unscale_overflowing_once(self, tensors):
+        found = unscale(self, tensors)
+        if overflow_next[0]:
+            overflow_next[0] = False
+            self._found_inf = found = True
+        return found
+
+    monkeypatch.setattr(PyTorchGradScaler, "unscale", unscale_overflowing_once)
+    nlp, scaler = fresh_mixed_precision(pipeline_dir)
+    nlp.get_pipe("oom_probe").limit = 150
+    policy = UpdatePolicy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OOMSplitWarning)
+        lean_update(nlp, batches[0], policy=policy)
+    assert not overflow_next[0] and policy.oom_errors >= 1  # it overflowed, then split
+    assert scaler.found_inf is False
+
+
 def test_learned_size_is_kept(pipeline_dir, batches):
     nlp = fresh(pipeline_dir, limit=150)
     policy = UpdatePolicy()

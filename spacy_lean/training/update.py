@@ -353,6 +353,15 @@ class _UpdateState:
             else:
                 saved = p.grad.detach().to("cpu", copy=True) if flags[id(p)] else _ZERO
                 self.torch.append((p, saved))
+        # Mixed precision: whether each grad scaler had found an overflow before this
+        # update (a failed attempt's overflow must not skip the retried step).
+        scalers = {
+            id(s._grad_scaler): s._grad_scaler
+            for node in nodes
+            for s in node.shims
+            if getattr(getattr(s, "_grad_scaler", None), "_enabled", False)
+        }
+        self.scalers = [(s, s._found_inf) for s in scalers.values()]
         # Listeners keep the last batch's upstream outputs and backprop callback (the
         # whole failed batch's activations) until the next batch arrives.
         self.listeners = [n for n in nodes if hasattr(n, "receive") and hasattr(n, "_backprop")]
@@ -410,6 +419,8 @@ class _UpdateState:
                 param.grad.zero_()
             else:
                 param.grad.copy_(saved)
+        for scaler, found_inf in self.scalers:
+            scaler._found_inf = found_inf
         self.restore_unseen()
 
 
