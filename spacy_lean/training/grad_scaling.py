@@ -27,6 +27,8 @@ from spacy.language import Language
 from thinc.api import Model
 from thinc.layers import pytorchwrapper
 
+from ._nodes import replace_forward
+
 _THINC_FORWARD = pytorchwrapper.forward
 
 
@@ -67,13 +69,4 @@ def install_mixed_precision_accumulation(nlp: Language) -> int:
     nlp (Language): the pipeline.
     RETURNS (int): how many nodes run a PyTorchShim with the accumulating backward pass.
     """
-    from .update import _models
-
-    count = 0
-    for node in _models(nlp):
-        # thinc keeps a layer's forward function in `_func`.
-        if getattr(node, "_func", None) is _THINC_FORWARD:
-            node._func = _accumulating_forward
-        if getattr(node, "_func", None) is _accumulating_forward:
-            count += 1
-    return count
+    return replace_forward(nlp, _THINC_FORWARD, _accumulating_forward)

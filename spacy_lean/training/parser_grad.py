@@ -20,6 +20,8 @@ from spacy.language import Language
 from spacy.ml import _precomputable_affine
 from thinc.api import Model
 
+from ._nodes import replace_forward
+
 _SPACY_FORWARD = _precomputable_affine.forward
 
 
@@ -52,13 +54,4 @@ def install_exact_parser_gradient(nlp: Language) -> int:
     nlp (Language): the pipeline.
     RETURNS (int): how many layers have the exact gradient.
     """
-    from .update import _models
-
-    count = 0
-    for node in _models(nlp):
-        # thinc keeps a layer's forward function in `_func`.
-        if getattr(node, "_func", None) is _SPACY_FORWARD:
-            node._func = _exact_forward
-        if getattr(node, "_func", None) is _exact_forward:
-            count += 1
-    return count
+    return replace_forward(nlp, _SPACY_FORWARD, _exact_forward)

@@ -57,6 +57,7 @@ from ..memory import DEFAULT_TRIM_SETTLE, DEFAULT_TRIM_SLACK_MB, HeapTrimmer, em
 from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
 from ..trf_batching import sorted_span_groups
+from ._nodes import pipeline_nodes as _models
 from .grad_scaling import install_mixed_precision_accumulation
 from .parser_grad import install_exact_parser_gradient
 
@@ -288,19 +289,6 @@ def plan_micro_batches(lengths: Sequence[int], limit: Optional[int]) -> List[Lis
 
 _ABSENT = "absent"
 _ZERO = "zero"
-
-
-def _models(nlp: Language) -> List[Model]:
-    models: List[Model] = []
-    seen: Set[int] = set()
-    for _, proc in nlp.pipeline:
-        model = getattr(proc, "model", None)
-        if isinstance(model, Model):
-            for node in model.walk():
-                if id(node) not in seen:
-                    seen.add(id(node))
-                    models.append(node)
-    return models
 
 
 def _torch_modules(nodes: Iterable[Model]) -> List[Any]:
