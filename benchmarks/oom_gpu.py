@@ -83,6 +83,13 @@ ZERO_IN_EXACT_ARITHMETIC = ("attention.self.key.bias",)
 NOISE_FRACTION = 1e-7
 
 
+def no_comparison(value, **extra):
+    """gradient_differences' verdicts where no array could be compared, all `value`
+    (inf: an array in one run only; nan: a run that made no gradients)."""
+    verdicts = ("relative", "near_zero", "near_zero_relative_to_scale")
+    return {**{key: value for key in verdicts}, "worst": [], **extra}
+
+
 def gradient_differences(got, expected):
     """How far two runs' gradients differ, as (got, expected) lists of (name, array).
 
@@ -104,8 +111,7 @@ def gradient_differences(got, expected):
         assert name == name_b, (name, name_b)
         if a is None or b is None:
             if (a is None) != (b is None):
-                inf = float("inf")
-                return {"relative": inf, "near_zero": inf, "worst": [{"name": name}]}
+                return no_comparison(float("inf"), worst=[{"name": name}])
             continue
         if b.size:
             pairs.append((name, a, b))
@@ -394,14 +400,7 @@ def training(args, device, model, batches) -> dict:
             break
     policy, lean_seconds = run["policy"], run["seconds"]
     if run["grads"] is None:  # lean_update failed under the cap: nothing to compare
-        nan = float("nan")
-        diffs = {
-            "relative": nan,
-            "near_zero": nan,
-            "near_zero_relative_to_scale": nan,
-            "worst": [],
-            "error": run["error"],
-        }
+        diffs = no_comparison(float("nan"), error=run["error"])
     else:
         diffs = gradient_differences(run["grads"], ref_grads)
     return {

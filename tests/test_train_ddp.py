@@ -167,12 +167,18 @@ def largest_diffs(a, b, n=5):
     return [f"{k}: diff {d:.3g}, max |value| {m:.3g}" for d, k, m in sorted(rows)[::-1][:n]]
 
 
-@pytest.fixture(scope="module")
-def one_rank(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("one_rank")
-    proc = run_train(setup, out, "--training.batcher.size", "8")
+def batch_8_run(setup, tmp_path_factory, name, *args, stock=False):
+    """A run of `setup` with batches of 8 docs (one process) in a new folder `name`,
+    which must succeed: (the folder, the process)."""
+    out = tmp_path_factory.mktemp(name)
+    proc = run_train(setup, out, "--training.batcher.size", "8", *args, stock=stock)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc
+
+
+@pytest.fixture(scope="module")
+def one_rank(setup, tmp_path_factory):
+    return batch_8_run(setup, tmp_path_factory, "one_rank")
 
 
 @pytest.fixture(scope="module")
@@ -211,10 +217,7 @@ def test_two_ranks_batch_b_equal_one_rank_batch_2b(one_rank, two_ranks):
 
 @pytest.fixture(scope="module")
 def stock_one_rank(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("stock_one_rank")
-    proc = run_train(setup, out, "--training.batcher.size", "8", stock=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return batch_8_run(setup, tmp_path_factory, "stock_one_rank", stock=True)[0]
 
 
 def without_grouping_dependent(params):
@@ -263,10 +266,7 @@ def sourced_setup(setup, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu_sourced(sourced_setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cpu_sourced")
-    proc = run_train(sourced_setup, out, "--training.batcher.size", "8")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return batch_8_run(sourced_setup, tmp_path_factory, "cpu_sourced")[0]
 
 
 def test_a_run_from_a_sourced_initialisation_trains_as_one_that_initialises(
@@ -612,10 +612,7 @@ GPU_TOL = 1e-4
 # First, as the most telling (the device's time is short).
 @pytest.fixture(scope="module")
 def gpu_sourced(sourced_setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_sourced")
-    proc = run_train(sourced_setup, out, "--gpu-ids", "0", "--training.batcher.size", "8")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return batch_8_run(sourced_setup, tmp_path_factory, "gpu_sourced", "--gpu-ids", "0")[0]
 
 
 @pytest.mark.gpu
@@ -630,17 +627,12 @@ def test_gpu_training_from_cpu_initialised_weights_gives_the_cpu_weights(cpu_sou
 
 @pytest.fixture(scope="module")
 def gpu_one_rank(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_one_rank")
-    proc = run_train(setup, out, "--gpu-ids", "0", "--training.batcher.size", "8")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    return batch_8_run(setup, tmp_path_factory, "gpu_one_rank", "--gpu-ids", "0")[0]
 
 
 @pytest.fixture(scope="module")
 def gpu_stock_one_rank(setup, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_stock_one_rank")
-    proc = run_train(setup, out, "--gpu-id", "0", "--training.batcher.size", "8", stock=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out, _ = batch_8_run(setup, tmp_path_factory, "gpu_stock_one_rank", "--gpu-id", "0", stock=True)
     return out
 
 

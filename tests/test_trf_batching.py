@@ -169,9 +169,10 @@ def test_bad_group_cost(trf_ner_nlp):
 
 def _gradients(nlp):
     """Every gradient of the pipeline, torch's and thinc's, as numpy arrays."""
-    from spacy_lean.training.update import _models, _torch_modules
+    from spacy_lean.training._nodes import pipeline_nodes
+    from spacy_lean.training.update import _torch_modules
 
-    nodes = _models(nlp)
+    nodes = pipeline_nodes(nlp)
     torch_params = [p for module in _torch_modules(nodes) for p in module.parameters()]
     thinc = [
         get_current_ops().to_numpy(node.get_grad(name)).copy()
@@ -183,9 +184,10 @@ def _gradients(nlp):
 
 
 def _zero_gradients(nlp):
-    from spacy_lean.training.update import _models, _torch_modules
+    from spacy_lean.training._nodes import pipeline_nodes
+    from spacy_lean.training.update import _torch_modules
 
-    nodes = _models(nlp)
+    nodes = pipeline_nodes(nlp)
     for module in _torch_modules(nodes):
         for p in module.parameters():
             p.grad = None

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy
 import srsly
 import typer
 from spacy import util
@@ -321,7 +322,7 @@ def _write_scores(output: Path, scores: Dict[str, Any]) -> None:
     not_finite: List[str] = []
 
     def clean(value: Any, key: str) -> Any:
-        if hasattr(value, "item") and not isinstance(value, (dict, list)):
+        if isinstance(value, numpy.generic):
             value = value.item()  # a numpy scalar from a custom scorer
         if isinstance(value, float) and not math.isfinite(value):
             not_finite.append(f"{key} ({value})")

@@ -1,7 +1,8 @@
-"""The thinc nodes of a pipeline, and replacing a layer's forward function in all of
-them (how `parser_grad` and `grad_scaling` change a layer's backward pass)."""
+"""The thinc nodes of a pipeline, their mixed-precision grad scalers, and replacing a
+layer's forward function in all of them (how `parser_grad` and `grad_scaling` change a
+layer's backward pass)."""
 
-from typing import Callable, List, Set
+from typing import Any, Callable, Iterable, List, Optional, Set
 
 from spacy.language import Language
 from thinc.api import Model
@@ -35,3 +36,23 @@ def replace_forward(nlp: Language, original: Callable, replacement: Callable) ->
         if getattr(node, "_func", None) is replacement:
             count += 1
     return count
+
+
+def enabled_grad_scaler(shim: Any) -> Optional[Any]:
+    """The grad scaler of a PyTorchShim with mixed precision on (thinc's
+    PyTorchGradScaler, enabled), else None."""
+    scaler = getattr(shim, "_grad_scaler", None)
+    return scaler if getattr(scaler, "_enabled", False) else None
+
+
+def enabled_grad_scalers(nodes: Iterable[Model]) -> List[Any]:
+    """The enabled grad scalers of the nodes' shims, each once, in node order."""
+    seen: Set[int] = set()
+    scalers: List[Any] = []
+    for node in nodes:
+        for shim in node.shims:
+            scaler = enabled_grad_scaler(shim)
+            if scaler is not None and id(scaler) not in seen:
+                seen.add(id(scaler))
+                scalers.append(scaler)
+    return scalers

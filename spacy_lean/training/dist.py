@@ -19,6 +19,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy
 
+from ._nodes import enabled_grad_scalers
+
 # Elements per all-reduce call: large parameter sets are reduced in buckets of this
 # size, so the flat copy never holds more than one bucket beyond the gradients.
 DEFAULT_BUCKET_ELEMENTS = 1 << 24
@@ -297,20 +299,8 @@ def trainable_components(nlp, exclude: Iterable[str] = ()) -> List[Tuple[str, An
 def grad_scalers(nlp, exclude: Iterable[str] = ()) -> List[Any]:
     """The enabled gradient scalers (mixed precision) of the trainable components'
     PyTorchShims, each once, in pipeline and walk order (the same on every rank)."""
-    from thinc.shims import PyTorchShim
-
-    seen, scalers = set(), []
-    for _, proc in trainable_components(nlp, exclude):
-        for node in proc.model.walk():
-            for shim in node.shims:
-                if not isinstance(shim, PyTorchShim):
-                    continue
-                scaler = getattr(shim, "_grad_scaler", None)
-                enabled = scaler is not None and getattr(scaler, "_enabled", False)
-                if enabled and id(scaler) not in seen:
-                    seen.add(id(scaler))
-                    scalers.append(scaler)
-    return scalers
+    components = trainable_components(nlp, exclude)
+    return enabled_grad_scalers(node for _, proc in components for node in proc.model.walk())
 
 
 def agree_on_overflow(ctx: DistContext, scalers: Sequence[Any]) -> List[bool]:

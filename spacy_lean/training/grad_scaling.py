@@ -27,7 +27,7 @@ from spacy.language import Language
 from thinc.api import Model
 from thinc.layers import pytorchwrapper
 
-from ._nodes import replace_forward
+from ._nodes import enabled_grad_scaler, replace_forward
 
 _THINC_FORWARD = pytorchwrapper.forward
 
@@ -35,8 +35,8 @@ _THINC_FORWARD = pytorchwrapper.forward
 def _prescale_accumulated(shim: Any) -> None:
     """Multiply the gradients `shim`'s model holds by its scaler's scale, when the
     scaler is enabled, so that the unscale after the next backward pass restores them."""
-    scaler = getattr(shim, "_grad_scaler", None)
-    if scaler is None or not getattr(scaler, "_enabled", False):
+    scaler = enabled_grad_scaler(shim)
+    if scaler is None:
         return
     scales = {}
     for param in shim._model.parameters():

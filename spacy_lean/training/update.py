@@ -57,7 +57,7 @@ from ..memory import DEFAULT_TRIM_SETTLE, DEFAULT_TRIM_SLACK_MB, HeapTrimmer, em
 from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
 from ..trf_batching import sorted_span_groups
-from ._nodes import pipeline_nodes as _models
+from ._nodes import enabled_grad_scalers, pipeline_nodes
 from .grad_scaling import install_mixed_precision_accumulation
 from .parser_grad import install_exact_parser_gradient
 
@@ -310,7 +310,7 @@ class _UpdateState:
     > 1) are copied to host memory, so the snapshot takes no device memory."""
 
     def __init__(self, nlp: Language):
-        nodes = _models(nlp)
+        nodes = pipeline_nodes(nlp)
         self.thinc: List[Tuple[Model, str, Any]] = []
         for node in nodes:
             for name in node.param_names:
@@ -343,13 +343,7 @@ class _UpdateState:
                 self.torch.append((p, saved))
         # Mixed precision: whether each grad scaler had found an overflow before this
         # update (a failed attempt's overflow must not skip the retried step).
-        scalers = {
-            id(s._grad_scaler): s._grad_scaler
-            for node in nodes
-            for s in node.shims
-            if getattr(getattr(s, "_grad_scaler", None), "_enabled", False)
-        }
-        self.scalers = [(s, s._found_inf) for s in scalers.values()]
+        self.scalers = [(s, s._found_inf) for s in enabled_grad_scalers(nodes)]
         # Listeners keep the last batch's upstream outputs and backprop callback (the
         # whole failed batch's activations) until the next batch arrives.
         self.listeners = [n for n in nodes if hasattr(n, "receive") and hasattr(n, "_backprop")]
@@ -454,7 +448,7 @@ def enable_gradient_checkpointing(nlp: Language) -> int:
     RETURNS (int): how many models have it on.
     """
     count = 0
-    for module in _torch_modules(_models(nlp)):
+    for module in _torch_modules(pipeline_nodes(nlp)):
         if not getattr(module, "supports_gradient_checkpointing", False):
             continue
         if not getattr(module, "is_gradient_checkpointing", False):
