@@ -18,6 +18,7 @@ from spacy.cli.init_config import fill_config
 from thinc.api import Config
 
 from spacy_lean import synthetic
+from spacy_lean.training.stopping import STOPPED_EXIT_CODE
 
 from eval_util import ruler_patterns  # noqa: E402
 
@@ -58,6 +59,7 @@ SETTINGS = {
 # one rank exit at one step (the test of a dying rank).
 CODE = """
 import os
+import signal
 from pathlib import Path
 from spacy.util import registry
 
@@ -79,6 +81,11 @@ def die_at():
         rank, step = os.environ.get("DDP_TEST_DIE_RANK"), os.environ.get("DDP_TEST_DIE_STEP")
         if rank is not None and os.environ.get("RANK", "0") == rank and info["step"] == int(step):
             os._exit(3)
+        # SIGTERM at one step, from rank 0, to itself or to its parent (the launcher).
+        term = os.environ.get("DDP_TEST_TERM_STEP")
+        if term is not None and os.environ.get("RANK", "0") == "0" and info["step"] == int(term):
+            parent = os.environ.get("DDP_TEST_TERM_TARGET") == "parent"
+            os.kill(os.getppid() if parent else os.getpid(), signal.SIGTERM)
     return before_update
 """
 
@@ -438,6 +445,64 @@ def test_resume_on_the_same_and_another_number_of_processes(
     # Here the shares are interleaved (stock reader), so the examples are exactly those
     # of the uninterrupted 1-process run, and so are the weights.
     assert max_diff(params_of(other_n / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-5
+
+
+def test_sigterm_stops_one_process_after_its_step_and_resume_goes_on(setup, one_rank, tmp_path):
+    """SIGTERM at step 1 (a scheduler's stop): the run finishes step 1, saves the state
+    of step 1 (no evaluation there) and exits with 143; --resume then trains steps 2-3
+    to the weights of the uninterrupted run. spaCy's loop dies at once, with only the
+    step-0 state."""
+    out = tmp_path / "run"
+    args = ("--training.batcher.size", "8")
+    proc = run_train(setup, out, *args, env={"DDP_TEST_TERM_STEP": "1"})
+    log = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == STOPPED_EXIT_CODE, log
+    assert "Stopped by SIGTERM after step 1." in log
+    assert f"saved in {out / 'training-state'}: continue with the same command and --resume" in log
+    assert "Traceback" not in log
+    state = srsly.read_json(out / "training-state" / "state.json")
+    assert state["step"] == 1 and state["ranks"][0]["batches"] == 2
+    assert (out / "model-last" / "meta.json").exists()
+    assert not list(tmp_path.glob("run/*.tmp")) and not list(tmp_path.glob("run/*.old"))
+
+    proc = run_train(setup, out, "--resume", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Resuming at step 2, epoch 0" in " ".join(proc.stdout.split())
+    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_with_a_checkpoint(setup, two_ranks, tmp_path):
+    """SIGTERM to `spacy lean train --nproc 2` (rank 0 sends it at step 1): the launcher
+    passes it on, the ranks agree on the step to stop after, rank 0 saves its state,
+    every process exits (143), and --resume gives the uninterrupted run's weights."""
+    out = tmp_path / "run"
+    env = {"DDP_TEST_TERM_STEP": "1", "DDP_TEST_TERM_TARGET": "parent"}
+    proc = run_train(setup, out, "--nproc", "2", "--timeout", "60", env=env)
+    log = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == STOPPED_EXIT_CODE, log
+    assert "Received SIGTERM: each rank finishes its step" in log
+    assert "Every rank has stopped (exit code 143)." in log
+    assert "Traceback" not in log
+    state = srsly.read_json(out / "training-state" / "state.json")
+    # The signal reaches the ranks during step 1 or, at the latest, step 2.
+    assert state["step"] in (1, 2) and f"Stopped by SIGTERM after step {state['step']}." in log
+    assert [r["batches"] for r in state["ranks"]] == [state["step"] + 1] * 2
+
+    proc = run_train(setup, out, "--nproc", "2", "--resume")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert max_diff(params_of(out / "model-last"), params_of(two_ranks[0] / "model-last")) < 1e-6
+
+
+def test_a_state_left_between_the_two_renames_is_resumed(died, tmp_path):
+    """A run killed between `replace_dir`'s renames leaves training-state.old only:
+    resuming reads it there."""
+    from spacy_lean.training.loop import read_training_state
+
+    out = tmp_path / "run"
+    shutil.copytree(died[0], out)
+    (out / "training-state").rename(out / "training-state.old")
+    state = read_training_state(out)
+    assert state["step"] == 2 and state["path"] == str(out / "training-state.old")
 
 
 def test_optimizer_state_round_trips_by_name_without_pickle(tmp_path):

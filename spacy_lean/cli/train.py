@@ -103,7 +103,8 @@ def train_cli(
         msg.fail(f"--nproc must be >= 1, got {nproc}.", exits=1)
     if resume and output_path is None:
         msg.fail("--resume needs --output: the folder of the run to continue.", exits=1)
-    from ..training.dist import check_backend, launch_local, launched_by_us
+    from ..training.dist import check_backend
+    from ..training.launch import launch_local, launched_by_us
 
     try:
         check_backend(dist_backend, ids)
@@ -133,7 +134,9 @@ def train_cli(
             argv += ["--max-padded-tokens", str(max_padded_tokens)]
         argv += ["--dist-backend", dist_backend, "--timeout", str(timeout), *ctx.args]
         msg.info(f"Starting {nproc} processes")
-        code = launch_local(argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text))
+        code = launch_local(
+            argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text), warn=msg.warn
+        )
         if code:
             sys.exit(code)
         return
@@ -197,10 +200,14 @@ def train(
 
     from ..corpus.docbin import CorruptShardError
     from ..training.dist import TrainingStateError, context_from_env
+    from ..training.launch import launched_by_us, stop_with_launcher
     from ..training.loop import DIR_STATE, NothingToTrainError, check_steps_left
     from ..training.loop import read_training_state
     from ..training.loop import train as train_nlp
+    from ..training.stopping import STOPPED_EXIT_CODE, TrainingStopped, signal_name
 
+    if launched_by_us():
+        stop_with_launcher()  # a launcher that dies stops its ranks (after a checkpoint)
     try:
         dctx = context_from_env(gpu_ids, timeout_s=timeout, backend=dist_backend)
     except ValueError as err:
@@ -224,12 +231,12 @@ def train(
             state = read_training_state(output_path)
         except (FileNotFoundError, ValueError) as err:
             msg.fail(str(err), exits=1)
-        state["path"] = str(output_path / DIR_STATE)
+        saved_model = Path(state["path"]) / "model"
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
             nlp = util.load_model_from_config(config, auto_fill=True)
-        nlp.from_disk(output_path / DIR_STATE / "model", exclude=["config"])
-        msg.good(f"Loaded {output_path / DIR_STATE / 'model'} (step {state['step']})")
+        nlp.from_disk(saved_model, exclude=["config"])
+        msg.good(f"Loaded {saved_model} (step {state['step']})")
         try:
             training = nlp.config["training"]
             check_steps_left(state, training["max_steps"], training["max_epochs"])
@@ -261,6 +268,16 @@ def train(
         )
     except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
         msg.fail(str(err), exits=1)
+    except TrainingStopped as stop:  # every rank, after the same step; rank 0 says it
+        if output_path is None:
+            saved = "Nothing was saved (no --output)."
+        else:
+            saved = (
+                f"The training state of that step is saved in {output_path / DIR_STATE}: "
+                "continue with the same command and --resume."
+            )
+        msg.warn(f"Stopped by {signal_name(stop.signum)} after step {stop.step}. {saved}")
+        sys.exit(STOPPED_EXIT_CODE)
     except CorruptShardError as err:
         if not dctx.active:  # one process: the message, which names the file, is enough
             msg.fail(str(err), exits=1)

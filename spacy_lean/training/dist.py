@@ -1,6 +1,6 @@
 """Data-parallel plumbing for `spacy lean train`: the process group, a fixed list of
 every trainable parameter, the gradient all-reduce, JSON collectives, the optimizer
-state on disk (numpy .npz, no pickle) and the local launcher.
+state on disk (numpy .npz, no pickle). The local launcher is in launch.py.
 
 One code path for 1 and N processes: with one process the collectives do nothing.
 """
@@ -8,10 +8,6 @@ One code path for 1 and N processes: with one process the collectives do nothing
 import datetime
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +21,6 @@ from ._nodes import enabled_grad_scalers
 # size, so the flat copy never holds more than one bucket beyond the gradients.
 DEFAULT_BUCKET_ELEMENTS = 1 << 24
 DEFAULT_TIMEOUT_S = 600.0
-# Set by `launch_local` in the environment of the processes it starts.
-LAUNCHED_ENV = "SPACY_LEAN_LAUNCHED"
 
 
 class RankFailedError(RuntimeError):
@@ -637,91 +631,6 @@ def _restore_optimizer(optimizer, entries: Sequence[ParamEntry], path: Path, dat
         if "avg" in arrays and optimizer.averages is not None:
             optimizer.averages[entry.key] = ops_array(arrays["avg"])
     return len(restored)
-
-
-# -- the local launcher ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def launch_local(
-    argv: Sequence[str],
-    nproc: int,
-    *,
-    gpu_ids: Sequence[int] = (),
-    grace_s: float = 10.0,
-    poll_s: float = 0.2,
-    env: Optional[Dict[str, str]] = None,
-    log=None,
-) -> int:
-    """Start `nproc` ranks of a command on this machine (torchrun's variables set) and
-    watch them: when one exits with an error, the others are stopped (SIGTERM, then
-    SIGKILL after `grace_s`) and the exit code of the first failure is returned.
-
-    argv (Sequence[str]): the command each rank runs.
-    nproc (int): number of processes.
-    gpu_ids (Sequence[int]): GPUs handed out by local rank (informational here; each
-        rank picks its own from LOCAL_RANK).
-    RETURNS (int): 0 when every rank succeeded, else the first failing rank's code.
-    """
-    base = dict(os.environ if env is None else env)
-    base.update(
-        MASTER_ADDR=base.get("MASTER_ADDR", "127.0.0.1"),
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        **{LAUNCHED_ENV: "1"},
-    )
-    if "OMP_NUM_THREADS" not in base:
-        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    procs: List[subprocess.Popen] = []
-    for rank in range(nproc):
-        child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen(list(argv), env=child_env))
-    failure: Optional[Tuple[int, int]] = None
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                failure = failed[0]
-                break
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        failure = (-1, 130)
-    # Stop the ranks still running: they would wait for the dead one until timeout.
-    alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in alive:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    rank, code = failure
-    if log is not None:
-        if rank >= 0:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            log(
-                f"Rank {rank} of {nproc} {how}; stopped the other ranks "
-                f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
-                "Resume from the last checkpoint with --resume."
-            )
-        else:
-            log("Interrupted; stopped every rank.")
-    return code if code > 0 else 1
-
-
-def launched_by_us() -> bool:
-    return os.environ.get(LAUNCHED_ENV) == "1"
 
 
 def _as_torch(array):

@@ -13,6 +13,7 @@ import json
 import math
 import random
 import shutil
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -50,6 +51,7 @@ from .dist import (
     trainable_components,
 )
 from .callbacks import get_update_policy
+from .stopping import StopRequest, TrainingStopped
 from .update import UpdatePolicy, lean_update
 
 DIR_STATE = "training-state"
@@ -346,23 +348,14 @@ def make_distributed_evaluation(
 # -- checkpoints -------------------------------------------------------------------
 
 
-def save_training_state(
-    path: Path, nlp: Language, optimizer, entries: Sequence[ParamEntry], state: Dict[str, Any]
-) -> None:
-    """Write the resumable state (rank 0): the pipeline with its current (not averaged)
-    weights, the optimizer's state as .npz, and the loop's position as JSON. Written
-    to a temporary folder and swapped in, so a crash leaves the previous state."""
+def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
+    """Replace the folder `path` by what `write(tmp)` writes into a new folder `tmp`,
+    swapped in by renames once written: a run killed while writing leaves the previous
+    folder (as `path`, or as `path.old` between the two renames) and never a mix."""
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    nlp.to_disk(tmp / "model")
-    state = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
-    # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
-    # decimals, which changed the saved losses, scores and cached gaussians. Strict JSON:
-    # a non-finite float (the losses of a diverged run) is written as a string.
-    text = json.dumps(_strict_json(state), indent=2, allow_nan=False)
-    (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
+    write(tmp)
     old = path.with_name(path.name + ".old")
     if path.exists():
         if old.exists():
@@ -371,6 +364,26 @@ def save_training_state(
     tmp.rename(path)
     if old.exists():
         shutil.rmtree(old)
+
+
+def save_training_state(
+    path: Path, nlp: Language, optimizer, entries: Sequence[ParamEntry], state: Dict[str, Any]
+) -> None:
+    """Write the resumable state (rank 0): the pipeline with its current (not averaged)
+    weights, the optimizer's state as .npz, and the loop's position as JSON, swapped in
+    whole (`replace_dir`)."""
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        nlp.to_disk(tmp / "model")
+        saved = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
+        # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
+        # decimals, which changed the saved losses, scores and cached gaussians. Strict
+        # JSON: a non-finite float (the losses of a diverged run) is written as a string.
+        text = json.dumps(_strict_json(saved), indent=2, allow_nan=False)
+        (tmp / STATE_FILE).write_text(text + "\n", encoding="utf8")
+
+    replace_dir(path, write)
 
 
 # How state.json writes the floats strict JSON has no number for (Python's json and
@@ -413,6 +426,10 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     """
     path = output_path / DIR_STATE
     file_ = path / STATE_FILE
+    old = path.with_name(path.name + ".old") / STATE_FILE
+    if not path.exists() and old.exists():
+        # Killed between replace_dir's two renames: the previous state is whole there.
+        path, file_ = old.parent, old
     if not file_.exists():
         raise FileNotFoundError(
             f"Nothing to resume in {output_path}: {file_} does not exist. The state is "
@@ -430,6 +447,7 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     # A diverged run's dev score or loss may be NaN or infinite: the resumed run logs
     # and compares them as the uninterrupted run would have.
     state["results"] = [[_from_strict_json(score), step] for score, step in state["results"]]
+    state["path"] = str(path)
     if "losses" in state:
         state["losses"] = {
             name: _from_strict_json(value) for name, value in state["losses"].items()
@@ -857,12 +875,12 @@ def train(
         clean_output_dir(output_path)
 
     def save_model(is_best: bool) -> None:
+        # Swapped in whole (a run stopped while saving keeps the previous pipelines).
+        last = output_path / DIR_MODEL_LAST
         with nlp.use_params(optimizer.averages):
-            before_to_disk(nlp).to_disk(output_path / DIR_MODEL_LAST)
+            replace_dir(last, before_to_disk(nlp).to_disk)
         if is_best:
-            if (output_path / DIR_MODEL_BEST).exists():
-                shutil.rmtree(output_path / DIR_MODEL_BEST)
-            shutil.copytree(output_path / DIR_MODEL_LAST, output_path / DIR_MODEL_BEST)
+            replace_dir(output_path / DIR_MODEL_BEST, lambda tmp: shutil.copytree(last, tmp))
 
     saved_at: Optional[Tuple[int, int]] = None  # (step, epoch) of the last checkpoint
 
@@ -939,112 +957,123 @@ def train(
         _set_rng_states(rank_resume["rng"])
     steps_this_epoch = skip_batches + skip_examples
     finished = False
-    try:
-        while True:
-            batch = next(batch_iter, None)
-            n_with_batch = ctx.all_reduce_sum([batch is not None])[0]
-            if n_with_batch == 0:
-                if steps_this_epoch == 0:
-                    raise ValueError(Errors.E986)
-                epoch += 1
-                # The next epoch starts (its order drawn) also when it is past
-                # max_epochs: the final checkpoint then resumes at its start.
-                batch_iter = batches.epoch(epoch)
-                steps_this_epoch = 0
-                if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
+    # SIGTERM: stop after the step in which some rank has it (stopping.py).
+    stopped = False
+    with StopRequest() as stop:
+        try:
+            while True:
+                batch = next(batch_iter, None)
+                n_with_batch = ctx.all_reduce_sum([batch is not None])[0]
+                if n_with_batch == 0:
+                    if steps_this_epoch == 0:
+                        raise ValueError(Errors.E986)
+                    epoch += 1
+                    # The next epoch starts (its order drawn) also when it is past
+                    # max_epochs: the final checkpoint then resumes at its start.
+                    batch_iter = batches.epoch(epoch)
+                    steps_this_epoch = 0
+                    if T["max_epochs"] > 0 and epoch == T["max_epochs"]:
+                        break
+                    continue
+                steps_this_epoch += 1
+                if before_update:
+                    before_update(nlp, {"step": step, "epoch": epoch})
+                dropout = next(dropouts)
+                step_losses: Dict[str, float] = {}
+                words = 0
+                if batch is not None:
+                    for subbatch in subdivide_batch(batch, T["accumulate_gradient"]):
+                        lean_update(
+                            nlp,
+                            subbatch,
+                            drop=dropout,
+                            losses=step_losses,
+                            exclude=frozen,
+                            annotates=annotating,
+                            policy=policy,
+                        )
+                    words = sum(len(eg) for eg in batch)
+                # Losses under names that are no pipe's name (a component may report
+                # several): their names can differ per rank, so they are gathered as JSON
+                # after the all-reduce, in a step where some rank has one (a flag says so).
+                other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
+                extras = [words, 1.0 if other_losses else 0.0]
+                extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
+                extras += [step_losses.get(name, 0.0) for name in loss_names]
+                extras.append(1.0 if stop.requested else 0.0)  # last: ranks asked to stop
+                summed = reducer.reduce(extras)
+                if summed[1] > 0:
+                    other_losses = sum_losses(ctx.all_gather_json(other_losses))
+                agree_on_overflow(ctx, scalers)
+                for name, proc in trainable:
+                    proc.finish_update(optimizer)
+                optimizer.step_schedules()
+                done_step = step
+                words_seen += int(round(summed[0]))
+                n = len(loss_names)
+                for i, name in enumerate(loss_names):
+                    if summed[2 + i] > 0:
+                        losses[name] = losses.get(name, 0.0) + float(summed[2 + n + i])
+                for name, value in other_losses.items():  # summed over the ranks
+                    losses[name] = losses.get(name, 0.0) + value
+                if not (step % eval_frequency):
+                    with nlp.use_params(optimizer.averages):
+                        score, other_scores = evaluate()
+                    results.append((score, step))
+                    is_best: Optional[bool] = score == max(results)[0]
+                else:
+                    score, other_scores, is_best = None, None, None
+                seconds = seconds_before + timer() - start_time
+                info = {
+                    "epoch": epoch,
+                    "step": step,
+                    "score": score,
+                    "other_scores": other_scores,
+                    "losses": losses,
+                    "checkpoints": results,
+                    "seconds": int(seconds),
+                    "words": words_seen,
+                }
+                if is_best is not None:
+                    with nlp.select_pipes(disable=frozen):
+                        update_meta(T, nlp, info)
+                    if ctx.is_main and output_path is not None:
+                        save_model(is_best)
+                        info["output_path"] = str(output_path / DIR_MODEL_LAST)
+                    checkpoint(seconds, {})  # the losses logged now start again from zero
+                log_step(info if is_best is not None else None)
+                if is_best is not None:
+                    losses = {}
+                best_step = -max((s, -k) for s, k in results)[1]
+                if patience and (step - best_step) >= patience:
                     break
-                continue
-            steps_this_epoch += 1
-            if before_update:
-                before_update(nlp, {"step": step, "epoch": epoch})
-            dropout = next(dropouts)
-            step_losses: Dict[str, float] = {}
-            words = 0
-            if batch is not None:
-                for subbatch in subdivide_batch(batch, T["accumulate_gradient"]):
-                    lean_update(
-                        nlp,
-                        subbatch,
-                        drop=dropout,
-                        losses=step_losses,
-                        exclude=frozen,
-                        annotates=annotating,
-                        policy=policy,
+                if max_steps and step >= max_steps:
+                    break
+                if summed[-1] > 0:
+                    stopped = True
+                    break
+                step += 1
+            finished = True
+        except Exception as e:
+            if ctx.is_main and output_path is not None:
+                stdout.write(
+                    msg.warn(
+                        f"Aborting and saving the final best model. Encountered exception: {e!r}"
                     )
-                words = sum(len(eg) for eg in batch)
-            # Losses under names that are no pipe's name (a component may report
-            # several): their names can differ per rank, so they are gathered as JSON
-            # after the all-reduce, in a step where some rank has one (a flag says so).
-            other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
-            extras = [words, 1.0 if other_losses else 0.0]
-            extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
-            extras += [step_losses.get(name, 0.0) for name in loss_names]
-            summed = reducer.reduce(extras)
-            if summed[1] > 0:
-                other_losses = sum_losses(ctx.all_gather_json(other_losses))
-            agree_on_overflow(ctx, scalers)
-            for name, proc in trainable:
-                proc.finish_update(optimizer)
-            optimizer.step_schedules()
-            done_step = step
-            words_seen += int(round(summed[0]))
-            n = len(loss_names)
-            for i, name in enumerate(loss_names):
-                if summed[2 + i] > 0:
-                    losses[name] = losses.get(name, 0.0) + float(summed[2 + n + i])
-            for name, value in other_losses.items():  # summed over the ranks
-                losses[name] = losses.get(name, 0.0) + value
-            if not (step % eval_frequency):
-                with nlp.use_params(optimizer.averages):
-                    score, other_scores = evaluate()
-                results.append((score, step))
-                is_best: Optional[bool] = score == max(results)[0]
-            else:
-                score, other_scores, is_best = None, None, None
-            seconds = seconds_before + timer() - start_time
-            info = {
-                "epoch": epoch,
-                "step": step,
-                "score": score,
-                "other_scores": other_scores,
-                "losses": losses,
-                "checkpoints": results,
-                "seconds": int(seconds),
-                "words": words_seen,
-            }
-            if is_best is not None:
-                with nlp.select_pipes(disable=frozen):
-                    update_meta(T, nlp, info)
-                if ctx.is_main and output_path is not None:
-                    save_model(is_best)
-                    info["output_path"] = str(output_path / DIR_MODEL_LAST)
-                checkpoint(seconds, {})  # the losses logged now start again from zero
-            log_step(info if is_best is not None else None)
-            if is_best is not None:
-                losses = {}
-            best_step = -max((s, -k) for s, k in results)[1]
-            if patience and (step - best_step) >= patience:
-                break
-            if max_steps and step >= max_steps:
-                break
-            step += 1
-        finished = True
-    except Exception as e:
-        if ctx.is_main and output_path is not None:
-            stdout.write(
-                msg.warn(f"Aborting and saving the final best model. Encountered exception: {e!r}")
-                + "\n"
-            )
-        raise
-    finally:
-        finalize_logger()
-        if ctx.is_main and output_path is not None:
-            save_model(False)
-    if finished and output_path is not None:
-        # Not saved here yet: the last step was no evaluation, or the run went on to the
-        # start of the epoch past max_epochs after it (a resume then starts there).
-        if saved_at != (done_step, epoch):
-            checkpoint(seconds_before + timer() - start_time, losses)
+                    + "\n"
+                )
+            raise
+        finally:
+            finalize_logger()
+            if ctx.is_main and output_path is not None:
+                save_model(False)
+        if finished and output_path is not None:
+            # Not saved here yet: the last step was no evaluation, or the run went on to the
+            # start of the epoch past max_epochs after it (a resume then starts there).
+            if saved_at != (done_step, epoch):
+                checkpoint(seconds_before + timer() - start_time, losses)
+    if stopped:
+        raise TrainingStopped(done_step, stop.signum or signal.SIGTERM)
     if optimizer.averages:
         nlp.use_params(optimizer.averages)
     if output_path is not None:

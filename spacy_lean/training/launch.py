@@ -1,0 +1,176 @@
+"""The local launcher of `spacy lean train --nproc N`: starts the ranks (torchrun's
+variables set), watches them, stops the others when one fails, passes a stop signal on,
+and makes the ranks stop when it dies. Standard library only: it imports quickly."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .stopping import STOPPED_EXIT_CODE, StopRequest, signal_name
+
+# Set by `launch_local` in the environment of the processes it starts: that it started
+# them, and its process id.
+LAUNCHED_ENV = "SPACY_LEAN_LAUNCHED"
+LAUNCHER_PID_ENV = "SPACY_LEAN_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_local(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    gpu_ids: Sequence[int] = (),
+    grace_s: float = 10.0,
+    poll_s: float = 0.2,
+    env: Optional[Dict[str, str]] = None,
+    log=None,
+    warn=None,
+) -> int:
+    """Start `nproc` ranks of a command on this machine (torchrun's variables set) and
+    watch them: when one exits with an error, the others are stopped (SIGTERM, then
+    SIGKILL after `grace_s`) and the exit code of the first failure is returned.
+
+    A stop signal (SIGTERM) sent to the launcher is passed on to every rank, which
+    finishes its step, saves the state and exits (`stopping.STOPPED_EXIT_CODE`); the
+    launcher waits for them and returns that code. Ranks that stop so by themselves
+    (a scheduler signals every process) are waited for, not taken for failures. The
+    ranks stop the same way when the launcher dies (`stopping.stop_with_launcher`).
+
+    argv (Sequence[str]): the command each rank runs.
+    nproc (int): number of processes.
+    gpu_ids (Sequence[int]): GPUs handed out by local rank (informational here; each
+        rank picks its own from LOCAL_RANK).
+    log (Optional[Callable[[str], None]]): says why the run failed.
+    warn (Optional[Callable[[str], None]]): says that the run is stopping, and stopped.
+    RETURNS (int): 0 when every rank succeeded, STOPPED_EXIT_CODE when the ranks
+        stopped on request, else the first failing rank's code.
+    """
+    base = dict(os.environ if env is None else env)
+    base.update(
+        MASTER_ADDR=base.get("MASTER_ADDR", "127.0.0.1"),
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        **{LAUNCHED_ENV: "1", LAUNCHER_PID_ENV: str(os.getpid())},
+    )
+    if "OMP_NUM_THREADS" not in base:
+        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    procs: List[subprocess.Popen] = []
+    failure: Optional[Tuple[int, int]] = None
+    stopping: Optional[int] = None  # the signal the launcher received
+
+    def pass_on(signum: int) -> None:  # at once: a rank may be one step from its end
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    with StopRequest(on_signal=pass_on) as stop:
+        for rank in range(nproc):
+            child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            procs.append(subprocess.Popen(list(argv), env=child_env))
+        try:
+            while True:
+                if stop.requested and stopping is None:
+                    stopping = stop.signum
+                    if warn is not None:
+                        warn(
+                            f"Received {signal_name(stopping)}: each rank finishes its "
+                            "step, saves the training state and exits."
+                        )
+                    pass_on(stopping)  # again: for a rank started after the signal
+                codes = [p.poll() for p in procs]
+                # A rank killed by the forwarded signal before its training loop began
+                # (nothing to save yet) stopped as asked too.
+                stopped = (STOPPED_EXIT_CODE,) + ((-signal.SIGTERM,) if stopping else ())
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) + stopped]
+                if failed:
+                    failure = failed[0]
+                    break
+                if all(c is not None for c in codes):
+                    if all(c == 0 for c in codes):
+                        return 0
+                    if warn is not None:
+                        warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
+                    return STOPPED_EXIT_CODE
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            failure = (-1, 130)
+        # Stop the ranks still running: they would wait for the dead one until timeout.
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in alive:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    rank, code = failure
+    if log is not None:
+        if rank >= 0:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            log(
+                f"Rank {rank} of {nproc} {how}; stopped the other ranks "
+                f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
+                "Resume from the last checkpoint with --resume."
+            )
+        else:
+            log("Interrupted; stopped every rank.")
+    return code if code > 0 else 1
+
+
+def launched_by_us() -> bool:
+    return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def stop_with_launcher(
+    launcher_pid: Optional[int] = None,
+    *,
+    poll_s: float = 1.0,
+    send: Callable[[int, int], None] = os.kill,
+) -> bool:
+    """Make this process receive SIGTERM when the launcher that started it (`launcher_pid`,
+    default the LAUNCHER_PID_ENV variable) dies, however it dies. Returns False when
+    there is no launcher to watch. When the launcher is already gone, the signal is
+    sent at once."""
+    if launcher_pid is None:
+        value = os.environ.get(LAUNCHER_PID_ENV, "")
+        if not value.isdigit():
+            return False
+        launcher_pid = int(value)
+    me = os.getpid()
+    if sys.platform.startswith("linux") and _set_parent_death_signal(signal.SIGTERM):
+        # The parent may have died before the call: then it is no longer our parent.
+        if os.getppid() != launcher_pid:
+            send(me, signal.SIGTERM)
+        return True
+
+    def watch() -> None:
+        while os.getppid() == launcher_pid:
+            time.sleep(poll_s)
+        send(me, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="spacy-lean-launcher-watch", daemon=True).start()
+    return True
+
+
+def _set_parent_death_signal(signum: int) -> bool:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

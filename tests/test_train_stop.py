@@ -1,0 +1,190 @@
+"""Stopping `spacy lean train` on request (training/stopping.py): the stop flag, the
+local launcher passing SIGTERM on to its ranks and waiting while they save, ranks that
+stop when their launcher dies (even of SIGKILL), and folders swapped in whole. The
+runs of the real training command are in test_train_ddp.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import spacy_lean
+from spacy_lean.training.launch import stop_with_launcher
+from spacy_lean.training.loop import replace_dir
+from spacy_lean.training.stopping import STOPPED_EXIT_CODE, StopRequest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+# launch.py and stopping.py use the standard library only. The processes below import
+# them without the package's __init__ modules (spaCy, torch: ~6 s a process on 2 cores).
+LIGHT_IMPORT = f"""
+import sys, types
+for name, path in (("spacy_lean", {spacy_lean.__path__[0]!r}),
+                   ("spacy_lean.training", {spacy_lean.__path__[0] + "/training"!r})):
+    module = types.ModuleType(name)
+    module.__path__ = [path]
+    sys.modules[name] = module
+"""
+
+# The launcher with 2 ranks of CHILD; argv: the child's code, the grace in seconds.
+LAUNCHER = (
+    LIGHT_IMPORT
+    + """
+from spacy_lean.training.launch import launch_local
+
+code = launch_local(
+    [sys.executable, "-c", sys.argv[1]], 2, poll_s=0.05, grace_s=float(sys.argv[2]),
+    log=print, warn=print,
+)
+print("launcher exit", code, flush=True)
+sys.exit(code)
+"""
+)
+
+# A rank: waits for a stop signal, "saves" (rank 1 takes STOP_TEST_SAVE_S seconds to),
+# writes saved<rank> and exits as a stopped training rank does.
+CHILD = (
+    LIGHT_IMPORT
+    + """
+import os, time
+from pathlib import Path
+from spacy_lean.training.launch import stop_with_launcher
+from spacy_lean.training.stopping import STOPPED_EXIT_CODE, StopRequest
+
+out, rank = Path(os.environ["STOP_TEST_DIR"]), os.environ["RANK"]
+stop_with_launcher()
+with StopRequest() as stop:
+    (out / f"ready{rank}").write_text(str(os.getpid()))
+    while not stop.requested:
+        time.sleep(0.01)
+    time.sleep(float(os.environ.get("STOP_TEST_SAVE_S", "0")) * int(rank))
+    (out / f"saved{rank}").write_text(str(stop.signum))
+sys.exit(STOPPED_EXIT_CODE)
+"""
+)
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left(tmp_path):
+    """After each test, kill any rank still running (when a test fails, its ranks would
+    otherwise go on forever)."""
+    yield
+    for ready in tmp_path.glob("ready*"):
+        pid = ready.read_text()
+        try:  # only if the pid is still one of our ranks (not reused since)
+            if b"stop_with_launcher" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def wait_for(paths, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, [p.name for p in paths if not p.exists()]
+        time.sleep(0.02)
+
+
+def start_launcher(tmp_path, grace_s=10.0, save_s=0.0):
+    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S=str(save_s))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, CHILD, str(grace_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
+    return proc
+
+
+def test_the_launcher_passes_sigterm_on_and_waits_for_its_ranks(tmp_path):
+    """SIGTERM to the launcher reaches every rank, and the launcher waits while they
+    save (rank 1 takes 1 s), then exits with 143."""
+    proc = start_launcher(tmp_path, save_s=1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == STOPPED_EXIT_CODE, out
+    assert "Received SIGTERM: each rank finishes its step" in out
+    assert "Every rank has stopped (exit code 143)." in out
+    for rank in (0, 1):
+        assert (tmp_path / f"saved{rank}").read_text() == str(int(signal.SIGTERM))
+
+
+def test_ranks_a_scheduler_stops_are_waited_for_not_killed(tmp_path):
+    """A scheduler signals the ranks themselves: rank 0 exits first with 143, which is
+    no failure, so rank 1 may go on saving past the failure path's grace (0.5 s)."""
+    proc = start_launcher(tmp_path, grace_s=0.5, save_s=2.0)
+    for rank in (0, 1):
+        os.kill(int((tmp_path / f"ready{rank}").read_text()), signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == STOPPED_EXIT_CODE, out
+    assert (tmp_path / "saved1").exists(), out
+    assert "Received" not in out  # the launcher itself got no signal
+
+
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
+    """SIGKILL leaves the launcher no chance to pass anything on: the ranks get SIGTERM
+    anyway (parent-death signal) and stop as asked, instead of training on alone."""
+    proc = start_launcher(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    wait_for([tmp_path / "saved0", tmp_path / "saved1"], timeout=20)
+
+
+def test_stop_with_launcher_signals_at_once_when_the_launcher_is_gone():
+    """Started after its launcher died: SIGTERM at once. (In a subprocess: the call sets
+    this process's parent-death signal.)"""
+    code = LIGHT_IMPORT + (
+        "import signal; from spacy_lean.training.launch import stop_with_launcher\n"
+        "sent = []\n"
+        "assert stop_with_launcher(2**22 + 7, send=lambda pid, sig: sent.append(sig))\n"
+        "import time; time.sleep(1.5)\n"  # the thread that watches, where prctl is missing
+        "print(sent == [signal.SIGTERM])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+
+def test_stop_with_launcher_needs_a_launcher(monkeypatch):
+    monkeypatch.delenv("SPACY_LEAN_LAUNCHER_PID", raising=False)
+    assert stop_with_launcher() is False
+
+
+def test_a_stop_request_records_the_first_signal_and_restores_the_handler():
+    previous = signal.getsignal(signal.SIGTERM)
+    calls = []
+    with StopRequest(on_signal=calls.append) as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one changes nothing
+        time.sleep(0.01)
+        assert stop.requested and stop.signum == signal.SIGTERM
+    assert calls == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_replace_dir_keeps_the_previous_folder_when_writing_fails(tmp_path):
+    path = tmp_path / "model-last"
+
+    def write(text):
+        def to(tmp):
+            tmp.mkdir()
+            (tmp / "weights").write_text(text)
+            if text == "broken":
+                raise KeyboardInterrupt
+
+        return to
+
+    replace_dir(path, write("first"))
+    with pytest.raises(KeyboardInterrupt):
+        replace_dir(path, write("broken"))
+    assert (path / "weights").read_text() == "first"
+    replace_dir(path, write("second"))
+    assert (path / "weights").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-last"]
