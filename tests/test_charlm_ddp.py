@@ -2,6 +2,7 @@
 started with torch.multiprocessing, and with torchrun through the CLI (slow)."""
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -51,10 +52,27 @@ def dev_file(text_file):
 def _worker(rank, world_size, store, text_file, output_dir, kwargs, result_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    # ("sigterm_at": (rank, step)): that rank sends itself SIGTERM in that optimizer step.
+    term_rank, term_step = kwargs.pop("sigterm_at", (-1, -1))
+    if rank == term_rank:
+        real_step, calls = torch.optim.SGD.step, []
+
+        def step(self, *args, **kw):
+            calls.append(1)
+            if len(calls) == term_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real_step(self, *args, **kw)
+
+        torch.optim.SGD.step = step
     try:
         result = train_charlm([text_file], output_dir, **kwargs)
         torch.save(
-            {"state_dict": result.model.state_dict(), "losses": result.losses, "step": result.step},
+            {
+                "state_dict": result.model.state_dict(),
+                "losses": result.losses,
+                "step": result.step,
+                "stopped_by": result.stopped_by,
+            },
             os.path.join(result_dir, f"rank{rank}.pt"),
         )
     finally:
@@ -184,3 +202,21 @@ def test_torchrun_cli(tmp_path, text_file):
     assert "2 workers" in proc.stdout
     state = torch.load(out / STATE_FILE, weights_only=True)
     assert state["step"] == 30 and state["world_size"] == 2
+
+
+def test_sigterm_to_one_worker_stops_both_after_the_same_step_saved(
+    tmp_path, text_file, reference, one_torch_thread
+):
+    """Rank 1 alone gets SIGTERM, in step 33: the workers agree at the next loss report
+    (every 10 steps), both stop after step 40 with it saved, and the run resumes on one
+    worker (8 streams) to the reference's weights."""
+    a, b = _train_ddp(
+        tmp_path, text_file, tmp_path / "run", batch_size=4, max_steps=60, sigterm_at=(1, 33)
+    )
+    assert a["step"] == b["step"] == 40
+    assert a["stopped_by"] == b["stopped_by"] == signal.SIGTERM
+    assert _identical(a["state_dict"], b["state_dict"])
+    assert torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)["step"] == 40
+    resumed = train_charlm([text_file], tmp_path / "run", resume=True, max_steps=60, **TINY)
+    assert resumed.step == 60 and resumed.stopped_by is None
+    assert _max_diff(resumed.model.state_dict(), reference.model.state_dict()) < 1e-4

@@ -1,7 +1,9 @@
 """Training a character LM: the loss falls, checkpoints are Flair-format, resume
 after an interruption is bitwise identical on CPU, and the CLI works."""
 
+import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -93,6 +95,36 @@ def test_resume_after_interruption_is_bitwise_identical(text_file, tmp_path, whe
     assert part.step == stop_at and not _same_weights(part.model, full.model)
     resumed = train_charlm([text_file], tmp_path / "part", max_steps=160, resume=True, **kwargs)
     assert resumed.step == 160 and resumed.epoch == full.epoch
+    assert _same_weights(resumed.model, full.model)
+    assert resumed.losses == full.losses
+
+
+def test_sigterm_stops_after_the_step_saved_and_resume_is_bitwise_identical(
+    text_file, tmp_path, monkeypatch
+):
+    """SIGTERM during step 37 (sent by the optimizer's step, so the moment is fixed):
+    the run ends after step 37 with it saved (no periodic checkpoint there) and
+    `stopped_by` set; resuming gives the uninterrupted run's weights and losses."""
+    kwargs = dict(optimizer="adam", lr=0.01, max_epochs=2, log_every=10, checkpoint_every=25)
+    kwargs.update(TINY)
+    full = train_charlm([text_file], tmp_path / "full", max_steps=60, **kwargs)
+    calls = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kw):
+        calls.append(1)
+        if len(calls) == 37:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, *args, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    part = train_charlm([text_file], tmp_path / "part", max_steps=60, **kwargs)
+    monkeypatch.undo()
+    assert part.step == 37 and part.stopped_by == signal.SIGTERM
+    assert torch.load(tmp_path / "part" / STATE_FILE, weights_only=True)["step"] == 37
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    resumed = train_charlm([text_file], tmp_path / "part", max_steps=60, resume=True, **kwargs)
+    assert resumed.step == 60 and resumed.stopped_by is None
     assert _same_weights(resumed.model, full.model)
     assert resumed.losses == full.losses
 
@@ -220,6 +252,32 @@ def test_cli_trains_and_resumes(text_file, tmp_path):
     result = runner.invoke(app, args[:-2] + ["--resume", "--direction", "forward"])
     assert result.exit_code == 1
     assert "backward LM" in " ".join(result.output.split())  # wasabi wraps lines
+
+
+def test_cli_says_a_stop_and_exits_143(text_file, tmp_path, monkeypatch):
+    from spacy.cli._util import app
+
+    import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
+
+    calls = []
+    real_step = torch.optim.SGD.step
+
+    def step(self, *args, **kw):
+        calls.append(1)
+        if len(calls) == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, *args, **kw)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    out = tmp_path / "cli"
+    args = ["lean", "train-charlm", str(text_file), str(out), "--hidden-size", "16"]
+    args += ["--embedding-size", "8", "--bptt", "20", "-b", "4", "--gpu-id", "-1"]
+    result = CliRunner().invoke(app, args + ["--max-steps", "20"])
+    assert result.exit_code == 143, result.output
+    text = " ".join(result.output.split())
+    assert f"Stopped by SIGTERM after step 7, with that step saved in {out}" in text
+    assert "continue with the same command and --resume" in text
+    assert torch.load(out / STATE_FILE, weights_only=True)["step"] == 7
 
 
 @pytest.mark.gpu

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.nn import functional as F
 
+from ..training.stopping import StopRequest
 from . import safe_torch
 from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts
 from .model import CharDictionary, CharLM
@@ -57,6 +59,8 @@ class CharLMTrainResult:
     output_dir: Optional[Path] = None
     seconds: float = 0.0
     dev_losses: List[Tuple[int, float]] = field(default_factory=list)
+    # The signal (SIGTERM) that stopped the run early, after `step`, with that step saved.
+    stopped_by: Optional[int] = None
 
     @property
     def perplexities(self) -> List[Tuple[int, float]]:
@@ -482,56 +486,63 @@ class _Trainer:
         def done() -> bool:
             return max_steps is not None and self.step >= max_steps
 
-        try:
-            while loader.epoch < max_epochs and not done():
-                if loader.offset == 0 or self.hidden is None:
-                    self.hidden = self.model.init_hidden(loader.batch_size)
-                for x_np, y_np in loader:
-                    x = _to_device(x_np, self.device)
-                    y = _to_device(y_np, self.device)
-                    torch.manual_seed(_step_seed(self.seed, self.step, self.dist.rank))
-                    logits, _, hidden = self.net(x, _detach(self.hidden))
-                    loss = F.cross_entropy(logits.reshape(-1, vocab_size), y.reshape(-1))
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if self.clip > 0:
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-                    self.optimizer.step()
-                    self.hidden = _detach(hidden)
-                    self.step += 1
-                    loss_sum += loss.detach()
-                    n_summed += 1
-                    if self.step % log_every == 0:
-                        mean = self._record(loss_sum, n_summed)
-                        self.losses.append((self.step, mean))
-                        loss_sum.zero_()
-                        n_summed = 0
-                        self._show(
-                            epoch=str(loader.epoch),
-                            loss=f"{mean:.3f}",
-                            ppl=f"{math.exp(min(mean, 50.0)):.2f}",
-                        )
-                    if self.bar is not None:
-                        self.bar.update(1)
-                    if checkpoint_every and self.step % checkpoint_every == 0:
-                        self.pending = [float(loss_sum), float(n_summed)]
-                        self.save()
-                        last_saved = self.step
-                    if done():
-                        break
-            self.pending = [float(loss_sum), float(n_summed)]
-            if self.step != last_saved or not (self.output_dir / STATE_FILE).exists():
-                self.save()
-        finally:
-            if self.bar is not None:
-                self.bar.close()
-                self.bar = None
+        # SIGTERM (a scheduler's stop): stop after the step, saved. Workers agree on the
+        # step through the loss report's all-reduce (every log_every steps); one worker
+        # stops at the step it sees the signal.
+        stopped = False
+        with StopRequest() as stop:
+            try:
+                while loader.epoch < max_epochs and not done() and not stopped:
+                    if loader.offset == 0 or self.hidden is None:
+                        self.hidden = self.model.init_hidden(loader.batch_size)
+                    for x_np, y_np in loader:
+                        x = _to_device(x_np, self.device)
+                        y = _to_device(y_np, self.device)
+                        torch.manual_seed(_step_seed(self.seed, self.step, self.dist.rank))
+                        logits, _, hidden = self.net(x, _detach(self.hidden))
+                        loss = F.cross_entropy(logits.reshape(-1, vocab_size), y.reshape(-1))
+                        self.optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        if self.clip > 0:
+                            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+                        self.optimizer.step()
+                        self.hidden = _detach(hidden)
+                        self.step += 1
+                        loss_sum += loss.detach()
+                        n_summed += 1
+                        if self.step % log_every == 0:
+                            mean, stopped = self._record(loss_sum, n_summed, stop.requested)
+                            self.losses.append((self.step, mean))
+                            loss_sum.zero_()
+                            n_summed = 0
+                            self._show(
+                                epoch=str(loader.epoch),
+                                loss=f"{mean:.3f}",
+                                ppl=f"{math.exp(min(mean, 50.0)):.2f}",
+                            )
+                        elif not self.dist.enabled:
+                            stopped = stop.requested
+                        if self.bar is not None:
+                            self.bar.update(1)
+                        if checkpoint_every and self.step % checkpoint_every == 0:
+                            self.pending = [float(loss_sum), float(n_summed)]
+                            self.save()
+                            last_saved = self.step
+                        if done() or stopped:
+                            break
+                self.pending = [float(loss_sum), float(n_summed)]
+                if self.step != last_saved or not (self.output_dir / STATE_FILE).exists():
+                    self.save()
+            finally:
+                if self.bar is not None:
+                    self.bar.close()
+                    self.bar = None
         self.model.eval()
         losses = list(self.losses)
         if n_summed:
             # The mean since the last record; not saved as a record, so that a resumed
             # run records exactly what an uninterrupted one does.
-            losses.append((self.step, self._record(loss_sum, n_summed)))
+            losses.append((self.step, self._record(loss_sum, n_summed)[0]))
         return CharLMTrainResult(
             model=self.model,
             step=self.step,
@@ -540,14 +551,17 @@ class _Trainer:
             output_dir=self.output_dir,
             seconds=time.perf_counter() - start,
             dev_losses=list(self.dev_losses),
+            stopped_by=int(stop.signum or signal.SIGTERM) if stopped else None,
         )
 
-    def _record(self, loss_sum: torch.Tensor, n: int) -> float:
+    def _record(self, loss_sum: torch.Tensor, n: int, stop: bool = False) -> Tuple[float, bool]:
+        """The mean loss over the workers, and whether some worker was asked to stop."""
         count = torch.tensor(float(n), device=loss_sum.device)
-        total = torch.stack([loss_sum.detach().clone(), count])
+        flag = torch.tensor(float(stop), device=loss_sum.device)
+        total = torch.stack([loss_sum.detach().clone(), count, flag])
         if self.dist.enabled:
             torch.distributed.all_reduce(total)
-        return float(total[0] / total[1])
+        return float(total[0] / total[1]), bool(total[2] > 0)
 
     def _show(self, **values: str) -> None:
         self.postfix.update(values)

@@ -2,6 +2,7 @@
 
 import math
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -140,3 +141,12 @@ def train_charlm_cli(
                 f"{output_dir / 'best-lm.pt'}"
             )
         msg.good(f"Saved the LM to {output_dir / 'lm.pt'}")
+    if result.stopped_by is not None:  # every worker, after the same step
+        from ..training.stopping import STOPPED_EXIT_CODE, signal_name
+
+        if is_main:
+            msg.warn(
+                f"Stopped by {signal_name(result.stopped_by)} after step {result.step}, with "
+                f"that step saved in {output_dir}: continue with the same command and --resume."
+            )
+        sys.exit(STOPPED_EXIT_CODE)

@@ -1073,7 +1073,7 @@ def train(
             if saved_at != (done_step, epoch):
                 checkpoint(seconds_before + timer() - start_time, losses)
     if stopped:
-        raise TrainingStopped(done_step, stop.signum or signal.SIGTERM)
+        raise TrainingStopped(done_step, int(stop.signum or signal.SIGTERM))
     if optimizer.averages:
         nlp.use_params(optimizer.averages)
     if output_path is not None:
