@@ -3,6 +3,8 @@ input, checkpoints and out-of-memory back-off, run through the real CLI app."""
 
 import json
 import math
+import os
+import signal
 
 import numpy
 import pytest
@@ -299,6 +301,42 @@ def test_interrupted_run_resumes_with_the_same_numbers(
         and "other data" in other.output
         and "refusing to resume" in other.output
     )
+
+
+def test_sigterm_ends_the_run_at_the_windows_end_saved_and_it_resumes(
+    model_dir, shard_dir, tmp_path, monkeypatch
+):
+    """SIGTERM (a scheduler's stop) in the 4th window: that window is finished and saved
+    (8 examples, where Ctrl-C keeps the 6 of the last save), the command exits with 143,
+    and the rerun ends with the numbers of an uninterrupted run."""
+    full = tmp_path / "full.json"
+    assert (
+        lean_evaluate(model_dir, shard_dir, "-o", full, "-b", "2", "--no-progress").exit_code == 0
+    )
+    ckpt = tmp_path / "ckpt.json"
+    real_window = StreamingEvaluator._evaluate_window
+    calls = []
+
+    def signalled(self, window):
+        calls.append(len(window))
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_window(self, window)
+
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", signalled)
+    args = ["-b", "2", "--checkpoint", ckpt, "--checkpoint-every", "1", "--no-progress"]
+    result = lean_evaluate(model_dir, shard_dir, *args)
+    assert result.exit_code == 143, result.output
+    text = " ".join(result.output.split())
+    assert f"Stopped by SIGTERM after 8 examples, saved in {ckpt}: rerun the same command" in text
+    assert srsly.read_json(ckpt)["n_examples"] == 8 and len(calls) == 4
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", real_window)
+    resumed = tmp_path / "resumed.json"
+    result = lean_evaluate(model_dir, shard_dir, *args, "-o", resumed)
+    assert result.exit_code == 0, result.output
+    assert "Resuming from the checkpoint: 8 examples" in result.output
+    assert without_speed(srsly.read_json(resumed)) == without_speed(srsly.read_json(full))
 
 
 def test_resume_honours_this_runs_per_component_setting(model_dir, shard_dir, tmp_path):

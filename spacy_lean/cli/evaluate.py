@@ -1,6 +1,7 @@
 """`spacy lean evaluate MODEL DATA`: streaming evaluation with checkpoints, out-of-memory
 back-off and several workers."""
 
+import contextlib
 import hashlib
 import math
 import time
@@ -15,7 +16,18 @@ from spacy import util
 from spacy.cli._util import Arg, Opt, import_code, setup_gpu
 from wasabi import msg
 
+from ..training.stopping import STOPPED_EXIT_CODE, StopRequest, signal_name
 from . import lean_cli
+
+
+class EvaluationStopped(Exception):
+    """A stop signal ended `spacy lean evaluate` at a window's end, with the progress
+    (`n_examples` counted) saved in the checkpoint."""
+
+    def __init__(self, signum: int, n_examples: int):
+        self.signum, self.n_examples = signum, n_examples
+        super().__init__(f"stopped by {signal_name(signum)} after {n_examples} examples")
+
 
 # The summary table of `spacy evaluate`: label -> score key.
 _METRICS = (
@@ -277,6 +289,12 @@ def evaluate_streaming_cli(
         msg.fail("Could not read the evaluation data", f"{e}{hint}", exits=1)
     except CheckpointMismatchError as e:
         msg.fail("Cannot resume from the checkpoint", str(e), exits=1)
+    except EvaluationStopped as e:
+        msg.warn(
+            f"Stopped by {signal_name(e.signum)} after {e.n_examples} examples, saved in "
+            f"{checkpoint}: rerun the same command to resume from there."
+        )
+        raise typer.Exit(code=STOPPED_EXIT_CODE)
     except KeyboardInterrupt:
         if ckpt is not None:
             msg.warn(f"Interrupted. Rerun the same command to resume from {checkpoint}.")
@@ -488,17 +506,25 @@ def _run_single(
     evaluator.n_batches = n_batches
     bar = _progress_bar(progress, "doc", initial=skip)
 
+    # With a checkpoint, SIGTERM (a scheduler's stop) ends the run at the end of the
+    # current window, a save point, with the progress saved; without one it ends it at once.
+    stop = StopRequest() if ckpt is not None else contextlib.nullcontext()
+
     def on_window(ev) -> None:
         bar.update(ev.n_examples - bar.n)
         if ckpt is not None:
             ckpt.on_window(ev)
+            if stop.requested:
+                ckpt.save(ev.state, n_examples=ev.n_examples, n_batches=ev.n_batches)
+                raise EvaluationStopped(stop.signum, ev.n_examples)
 
     counts: Dict[str, int] = {}
     try:
-        # Read from the start when resuming too (the skipped examples are read, not
-        # scored): the count of empty docs covers all the data.
-        examples = read_examples(nlp, shards, gold_preproc=gold_preproc, counts=counts)
-        evaluator.run(examples, skip=skip, on_window=on_window)
+        with stop:
+            # Read from the start when resuming too (the skipped examples are read, not
+            # scored): the count of empty docs covers all the data.
+            examples = read_examples(nlp, shards, gold_preproc=gold_preproc, counts=counts)
+            evaluator.run(examples, skip=skip, on_window=on_window)
     finally:
         bar.close()
     if evaluator.oom_events:

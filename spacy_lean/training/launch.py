@@ -45,7 +45,7 @@ def launch_local(
     finishes its step, saves the state and exits (`stopping.STOPPED_EXIT_CODE`); the
     launcher waits for them and returns that code. Ranks that stop so by themselves
     (a scheduler signals every process) are waited for, not taken for failures. The
-    ranks stop the same way when the launcher dies (`stopping.stop_with_launcher`).
+    ranks stop the same way when the launcher dies (`stop_with_launcher`).
 
     argv (Sequence[str]): the command each rank runs.
     nproc (int): number of processes.
