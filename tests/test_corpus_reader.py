@@ -9,7 +9,7 @@ import pytest
 import spacy
 import srsly
 from spacy.tokens import Doc, DocBin, Span
-from spacy.training import Corpus
+from spacy.training import Corpus, Example
 from spacy.training.augment import create_lower_casing_augmenter
 from spacy.util import registry
 
@@ -417,6 +417,44 @@ def test_jsonl_empty_entity_list_is_annotation_not_missing(nlp, tmp_path):
     assert [[t.ent_iob_ for t in d] for d in redone] == [[t.ent_iob_ for t in d] for d in docs]
 
 
+def test_jsonl_missing_marks_single_tokens_without_annotation(nlp, tmp_path):
+    """ "missing" gives tokens spaCy's "-" (missing) entity tag in a record that has
+    entity annotation, as a .spacy file can: not "O", so neither trained nor scored as
+    outside. Before, .jsonl could only make a whole record missing, and `doc_to_record`
+    wrote such tokens back as "O"; a .spacy file with them now round-trips through
+    .jsonl, also through the reader's max_length pieces."""
+    from spacy_lean.corpus.sources import iter_shard_docs
+
+    text = "Ada met Bo in Paris yesterday ."
+    records = [
+        {"text": text, "entities": [[0, 3, "PER"]], "missing": [[8, 10], [14, 29]]},
+        {"text": text, "entities": [], "missing": [{"start": 0, "end": 3}]},
+    ]
+    path = tmp_path / "m.jsonl"
+    srsly.write_jsonl(path, records)
+    prodigy = tmp_path / "prodigy.jsonl"  # entities as "spans" (jsonl_spans_key = "ents")
+    srsly.write_jsonl(prodigy, [{"text": text, "spans": [[14, 19, "LOC"]], "missing": [[0, 3]]}])
+    docs = list(iter_shard_docs(path, nlp.vocab, nlp=nlp))
+    assert [t.ent_iob_ for t in docs[0]] == ["B", "O", "", "O", "", "", "O"]
+    assert [t.ent_iob_ for t in docs[1]] == ["", "O", "O", "O", "O", "O", "O"]
+    # In training and scoring the tokens are missing (None), not outside ("O").
+    ner = Example(nlp.make_doc(text), docs[0]).get_aligned_ner()
+    assert ner == ["U-PER", "O", None, "O", None, None, "O"]
+    as_ents = list(iter_shard_docs(prodigy, nlp.vocab, {"spans_key": "ents"}, nlp=nlp))
+    assert [t.ent_iob_ for t in as_ents[0]] == ["", "O", "O", "O", "B", "O", "O"]
+    # Written back: one [start, end] pair per run of missing tokens, read back the same,
+    # from .spacy through .jsonl too.
+    assert doc_to_record(docs[0])["missing"] == [[8, 10], [14, 29]]
+    assert "missing" not in doc_to_record(synthetic.make_ner_docs(nlp, 1, seed=3)[0])
+    DocBin(docs=docs).to_disk(tmp_path / "m.spacy")
+    from_spacy = list(iter_shard_docs(tmp_path / "m.spacy", nlp.vocab, nlp=nlp))
+    srsly.write_jsonl(tmp_path / "again.jsonl", [doc_to_record(d) for d in from_spacy])
+    for source in (tmp_path / "again.jsonl", tmp_path / "m.spacy"):
+        pieces = [eg.reference for eg in LeanCorpus(source, max_length=3)(nlp)]
+        iobs = [t.ent_iob_ for p in pieces[:3] for t in p]
+        assert iobs == [t.ent_iob_ for t in docs[0]], source
+
+
 def test_jsonl_roundtrip_of_generated_docs(nlp, tmp_path):
     docs = synthetic.make_ner_docs(nlp, 20, seed=3)
     srsly.write_jsonl(tmp_path / "g.jsonl", [doc_to_record(d) for d in docs])
@@ -498,6 +536,11 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         ({"text": "y", "entities": [["a", 1, "X"]]}, r"whole-number character offsets"),
         ({"text": "y z", "entities": [[0, 1.5, "X"]]}, r"whole-number character offsets"),
         ({"text": "y", "entities": [{"start": 0, "label": "X"}]}, r"must be \[start, end, label\]"),
+        ({"text": "y z", "missing": [[0, 1]]}, r'the record has no "entities"'),
+        ({"text": "y z", "entities": [[0, 1, "X"]], "missing": [[0, 3]]}, r"overlaps the entity"),
+        ({"text": "y z", "entities": [], "missing": [[0, 2]]}, r"does not fall on token bound"),
+        ({"text": "y z", "entities": [], "missing": [[0, "a"]]}, r"must be \[start, end\]"),
+        ({"text": "y z", "entities": [], "missing": {"0": 1}}, r'"missing" must be a list'),
     ],
     ids=[
         "token-without-text",
@@ -506,6 +549,11 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         "offset-not-a-number",
         "offset-not-whole",
         "offset-missing",
+        "missing-without-entities",
+        "missing-overlaps-entity",
+        "missing-not-on-tokens",
+        "missing-not-a-number",
+        "missing-not-a-list",
     ],
 )
 def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):

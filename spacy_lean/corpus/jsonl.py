@@ -9,6 +9,10 @@ One JSON object per line:
   `{"start", "end", "label"}` objects: the doc's entities (`doc.ents`); every other
   token is outside an entity ("O"), so `[]` says the text has none. Without the key
   (or with null) the doc's entity annotation is missing (not scored, not trained).
+- "missing" (list, optional): `[start_char, end_char]` pairs (or `{"start", "end"}`
+  objects) whose tokens have *missing* entity annotation in a record that has some
+  (spaCy's "-" tag: not trained on, neither entity nor "O"). Needs "entities" (or
+  "spans" read as entities); may not overlap an entity.
 - "spans" (list or dict, optional): a list in the same forms goes to the span group
   named by `spans_key` (default "sc"; `spans_key = "ents"` makes them the entities,
   as Prodigy's NER output needs); a dict maps span-group names to such lists. An
@@ -165,9 +169,26 @@ def doc_from_record(
             ents = (ents or []) + items
         else:
             doc.spans[spans_key] = items
+    missing = _missing(doc, record.get("missing"), where)
+    if missing and ents is None:
+        raise ValueError(
+            f'{where}: "missing" marks tokens without entity annotation in a record that has '
+            'some, but the record has no "entities": without them every token\'s annotation '
+            'is missing already. Add "entities" (an empty list if there are none; or "spans" '
+            'read as entities, jsonl_spans_key = "ents"), or drop "missing".'
+        )
     if ents is not None:
+        for span in missing:
+            for ent in ents:
+                if span.start < ent.end and ent.start < span.end:
+                    raise ValueError(
+                        f"{where}: the missing span [{span.start_char}, {span.end_char}] "
+                        f"({span.text!r}) overlaps the entity [{ent.start_char}, "
+                        f"{ent.end_char}, {ent.label_!r}]. A token is either annotated or "
+                        "missing: fix the offsets."
+                    )
         try:
-            doc.set_ents(ents)
+            doc.set_ents(ents, missing=missing)
         except ValueError as err:
             raise ValueError(
                 f"{where}: overlapping entities ({err}). Entities may not overlap; put "
@@ -206,6 +227,36 @@ def _spans(doc: Doc, items: Any, where: str, field: str) -> List[Span]:
     return spans
 
 
+def _missing(doc: Doc, items: Any, where: str) -> List[Span]:
+    """The spans of a record's "missing" list ([start, end] pairs)."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ValueError(f'{where}: "missing" must be a list of [start, end] pairs.')
+    spans = []
+    for item in items:
+        if isinstance(item, dict) and {"start", "end"} <= set(item):
+            start, end = _offset(item["start"]), _offset(item["end"])
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            start, end = _offset(item[0]), _offset(item[1])
+        else:
+            start = end = None
+        if start is None or end is None:
+            raise ValueError(
+                f'{where}: each item of "missing" must be [start, end] or {{"start", "end"}} '
+                f"with whole-number character offsets, got {item!r}."
+            )
+        span: Optional[Span] = doc.char_span(start, end, alignment_mode="strict")
+        if span is None:
+            raise ValueError(
+                f"{where}: missing span [{start}, {end}] ({doc.text[start:end]!r}) does not "
+                "fall on token boundaries. Fix the character offsets, or give the record "
+                '"tokens" that match them.'
+            )
+        spans.append(span)
+    return spans
+
+
 def _triple(item: Any, where: str, field: str):
     if isinstance(item, dict) and {"start", "end", "label"} <= set(item):
         start, end, label = item["start"], item["end"], item["label"]
@@ -239,13 +290,22 @@ def doc_to_record(doc: Doc) -> dict:
     """The JSONL record for a doc (text, tokens, entities, span groups, cats): the
     inverse of `doc_from_record`, for tests and conversions. A doc without entity
     annotation gets no "entities" key; tokens whose annotation is missing in a doc that
-    has some (spaCy's "-") cannot be written in this format and read back as "O"."""
+    has some (spaCy's "-") go to "missing", one [start, end] pair per run of them."""
     record: dict = {
         "text": doc.text,
         "tokens": [{"text": t.text, "ws": bool(t.whitespace_)} for t in doc],
     }
     if doc.has_annotation("ENT_IOB"):
         record["entities"] = [[e.start_char, e.end_char, e.label_] for e in doc.ents]
+        runs: List[List[int]] = []
+        for token in doc:
+            if token.ent_iob == 0:  # missing
+                if runs and runs[-1][2] == token.i - 1:
+                    runs[-1][1:] = [token.idx + len(token), token.i]
+                else:
+                    runs.append([token.idx, token.idx + len(token), token.i])
+        if runs:
+            record["missing"] = [[start, end] for start, end, _ in runs]
     if doc.spans:
         record["spans"] = {
             key: [[s.start_char, s.end_char, s.label_] for s in group]
