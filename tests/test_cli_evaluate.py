@@ -513,3 +513,17 @@ def test_resumed_run_may_trim_otherwise(model_dir, shard_dir, tmp_path, monkeypa
     assert "Resuming from the checkpoint: 4 examples" in result.output
     assert trim_policy(built[-1]) == (True, 10_000) and built[-1]._trimmer.n_trims == 1
     assert without_speed(srsly.read_json(resumed)) == without_speed(srsly.read_json(full))
+
+
+def test_a_pipeline_without_files_is_fingerprinted_by_its_exact_config_and_meta():
+    """`blank:en` has no files to hash: its config and meta identify it, every float to
+    the last digit (srsly's JSON, used before, kept 10)."""
+    from spacy_lean.cli.evaluate import _model_fingerprint
+
+    def blank(score):
+        nlp = spacy.blank("en")
+        nlp.meta["performance"] = {"ents_f": score}
+        return _model_fingerprint("blank:en", nlp)
+
+    assert blank(0.123456789012) == blank(0.123456789012)
+    assert blank(0.123456789012) != blank(0.123456789013)

@@ -3,6 +3,7 @@ back-off and several workers."""
 
 import contextlib
 import hashlib
+import json
 import math
 import time
 import warnings
@@ -400,8 +401,9 @@ def _model_fingerprint(model: str, nlp) -> str:
         try:
             path = util.get_package_path(model)
         except Exception:  # not an installed package: config and meta identify it
+            # Python's json writes every float exactly (srsly's keeps 10 digits).
             cfg = {"config": nlp.config.to_str(), "meta": nlp.meta}
-            text = srsly.json_dumps(cfg, sort_keys=True)
+            text = json.dumps(cfg, sort_keys=True, default=str)
             return hashlib.sha256(text.encode("utf8")).hexdigest()
     return path_fingerprint([path])
 
