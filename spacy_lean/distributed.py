@@ -256,6 +256,11 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
                 del pending[unit.index]
                 if on_result is not None:
                     on_result(unit, result)
+        except BaseException:
+            # Ctrl-C or a stop signal: end the units still running instead of waiting for
+            # them (their results would be dropped: nothing of an unfinished unit counts).
+            _terminate_workers(executor)
+            raise
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
         if pending:
@@ -265,6 +270,16 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
             if on_retry is not None:
                 on_retry(retry, why)
     return results
+
+
+def _terminate_workers(executor) -> None:
+    terminate = getattr(executor, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
 
 
 def _run_ray(units, settings, workers, use_gpu, max_retries, ray_address, on_result, on_retry):

@@ -323,6 +323,7 @@ def test_sigterm_ends_the_run_at_the_windows_end_saved_and_it_resumes(
             os.kill(os.getpid(), signal.SIGTERM)
         return real_window(self, window)
 
+    handler = signal.getsignal(signal.SIGTERM)  # another library's, or the default
     monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", signalled)
     args = ["-b", "2", "--checkpoint", ckpt, "--checkpoint-every", "1", "--no-progress"]
     result = lean_evaluate(model_dir, shard_dir, *args)
@@ -330,7 +331,7 @@ def test_sigterm_ends_the_run_at_the_windows_end_saved_and_it_resumes(
     text = " ".join(result.output.split())
     assert f"Stopped by SIGTERM after 8 examples, saved in {ckpt}: rerun the same command" in text
     assert srsly.read_json(ckpt)["n_examples"] == 8 and len(calls) == 4
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
     monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", real_window)
     resumed = tmp_path / "resumed.json"
     result = lean_evaluate(model_dir, shard_dir, *args, "-o", resumed)

@@ -2,6 +2,8 @@
 the numbers of one process; a worker that dies has its shards retried, counted once."""
 
 import functools
+import os
+import signal
 
 import pytest
 import spacy
@@ -496,3 +498,39 @@ def test_ray_actors_trim_as_the_cli_says(model_dir, shard_dir, tmp_path, trim_lo
     assert len(built) == 3 and all(not e["trim_heap"] for e in built) and not trims
     expected = srsly.json_loads(srsly.json_dumps(single_process(model_dir, shard_dir)))
     assert_same_scores(srsly.read_json(out), expected)
+
+
+def test_sigterm_with_workers_keeps_the_finished_shards_and_resumes(
+    model_dir, shard_dir, tmp_path, monkeypatch
+):
+    """SIGTERM (a scheduler's stop) once the first shard is saved: the run ends at once
+    (the shards still running are ended, not waited for), exits with 143 and keeps the
+    finished shards; the rerun evaluates the rest, to a single process's scores."""
+    from spacy_lean.streaming import EvalCheckpoint as Checkpoint
+
+    real_save, saves = Checkpoint.save, []
+
+    def save(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        saves.append(len(kwargs.get("units") or {}))
+        if len(saves) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)  # another library's, or the default
+    monkeypatch.setattr(Checkpoint, "save", save)
+    ckpt, out = tmp_path / "ckpt.json", tmp_path / "scores.json"
+    args = ["lean", "evaluate", str(model_dir), str(shard_dir), "--workers", "2", "--no-progress"]
+    args += ["--checkpoint", str(ckpt), "--checkpoint-every", "1"]
+    result = CliRunner().invoke(app, args)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 143, result.output
+    assert f"saved in {ckpt}: rerun the same command to resume from there" in text
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+    kept = srsly.read_json(ckpt)
+    assert not kept["done"] and 1 <= len(kept["units"]) < len(list_shards(shard_dir))
+    monkeypatch.setattr(Checkpoint, "save", real_save)
+    result = CliRunner().invoke(app, args + ["-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"{len(kept['units'])} of" in result.output  # "Resuming ...: k of n shards"
+    expected = single_process(model_dir, shard_dir)
+    assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))

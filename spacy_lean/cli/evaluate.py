@@ -21,9 +21,11 @@ from ..training.stopping import STOPPED_EXIT_CODE, StopRequest, signal_name
 from . import lean_cli
 
 
-class EvaluationStopped(Exception):
-    """A stop signal ended `spacy lean evaluate` at a window's end, with the progress
-    (`n_examples` counted) saved in the checkpoint."""
+class EvaluationStopped(KeyboardInterrupt):
+    """A stop signal ended `spacy lean evaluate` with its progress (`n_examples` counted)
+    saved in the checkpoint: in one process at a window's end; with --workers at once,
+    keeping the finished units. A KeyboardInterrupt, so that it passes every `except
+    Exception` and takes Ctrl-C's way out of the worker pool."""
 
     def __init__(self, signum: int, n_examples: int):
         self.signum, self.n_examples = signum, n_examples
@@ -626,26 +628,36 @@ def _run_workers(
         names = ", ".join(u.describe() for u in retry)
         msg.warn(f"{why}; evaluating again: {names} (nothing from them was counted)")
 
+    def stop_now(signum: int) -> None:  # raised in the signal handler: at once
+        raise EvaluationStopped(signum, 0)
+
+    # With a checkpoint, SIGTERM ends the run at once keeping the finished units (a unit
+    # is a whole file or part: waiting for the next one could take long).
+    stop = StopRequest(on_signal=stop_now) if ckpt is not None else contextlib.nullcontext()
     try:
-        run_units(
-            todo,
-            settings,
-            workers=max(1, n_workers),
-            backend=backend,
-            gpu_ids=gpu_ids,
-            max_retries=max_retries,
-            ray_address=ray_address,
-            on_result=on_result,
-            on_retry=on_retry,
-        )
+        with stop:
+            run_units(
+                todo,
+                settings,
+                workers=max(1, n_workers),
+                backend=backend,
+                gpu_ids=gpu_ids,
+                max_retries=max_retries,
+                ray_address=ray_address,
+                on_result=on_result,
+                on_retry=on_retry,
+            )
     except WorkerDiedError as e:
         if ckpt is not None:
             ckpt.save(state, units=done)
         msg.fail("Evaluation failed", str(e), exits=1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         # Finished units are whole: keep them, whether or not a save was due.
         if ckpt is not None:
             ckpt.save(state, units=done)
+        if isinstance(e, EvaluationStopped):
+            counted = sum(unit["n_examples"] for unit in done.values())
+            raise EvaluationStopped(e.signum, counted) from None
         raise
     finally:
         bar.close()
