@@ -118,7 +118,12 @@ def make_setup(root, trf_ner_config):
     return root
 
 
-def run_train(setup, output, *args, env=None, timeout=240, stock=False):
+# `spacy lean train` started by torchrun with 2 processes (its own rendezvous).
+TORCHRUN = ["torch.distributed.run", "--nproc_per_node", "2", "--rdzv-backend", "c10d"]
+TORCHRUN += ["--rdzv-endpoint", "localhost:0"]
+
+
+def run_train(setup, output, *args, env=None, timeout=240, stock=False, torchrun=False):
     """`spacy lean train` (or, with `stock`, spaCy's own `spacy train`) on the setup's
     config with max_steps 3 (4 SGD steps: steps 0 to 3, as in `spacy train`), evaluating at
     steps 0 and 2."""
@@ -128,6 +133,7 @@ def run_train(setup, output, *args, env=None, timeout=240, stock=False):
     cmd = [
         sys.executable,
         "-m",
+        *(TORCHRUN + ["-m"] if torchrun else []),
         "spacy",
         *(["train"] if stock else ["lean", "train"]),
         str(setup / "config.cfg"),
@@ -492,6 +498,18 @@ def test_sigterm_to_the_launcher_stops_every_rank_with_a_checkpoint(setup, two_r
     proc = run_train(setup, out, "--nproc", "2", "--resume")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert max_diff(params_of(out / "model-last"), params_of(two_ranks[0] / "model-last")) < 1e-6
+
+
+@pytest.mark.slow
+def test_torchrun_gives_the_launchers_run(setup, two_ranks, tmp_path):
+    """The same command under torchrun (2 processes, its c10d rendezvous) trains the
+    weights of `--nproc 2` (< 1e-6), and only rank 0 writes."""
+    out = tmp_path / "run"
+    writers = tmp_path / "writers.txt"
+    proc = run_train(setup, out, torchrun=True, env={"DDP_TEST_WRITERS": str(writers)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert max_diff(params_of(out / "model-last"), params_of(two_ranks[0] / "model-last")) < 1e-6
+    assert set(writers.read_text().split()) == {"0"}
 
 
 def test_a_state_left_between_the_two_renames_is_resumed(died, tmp_path):
