@@ -1,7 +1,6 @@
 """Training a character LM: the loss falls, checkpoints are Flair-format, resume
 after an interruption is bitwise identical on CPU, and the CLI works."""
 
-import os
 import shutil
 import signal
 
@@ -13,6 +12,8 @@ from spacy_lean import synthetic
 from spacy_lean.charlm.loader import CharLMLoader, EncodedText
 from spacy_lean.charlm.model import CharDictionary, CharLM
 from spacy_lean.charlm.train import MODEL_FILE, STATE_FILE, train_charlm
+
+from stop_util import sigterm_on_call  # noqa: E402
 
 # A tiny LSTM: a few hundred steps take about a second on one CPU thread.
 TINY = dict(
@@ -108,17 +109,8 @@ def test_sigterm_stops_after_the_step_saved_and_resume_is_bitwise_identical(
     kwargs = dict(optimizer="adam", lr=0.01, max_epochs=2, log_every=10, checkpoint_every=25)
     kwargs.update(TINY)
     full = train_charlm([text_file], tmp_path / "full", max_steps=60, **kwargs)
-    calls = []
-    real_step = torch.optim.Adam.step
-
-    def step(self, *args, **kw):
-        calls.append(1)
-        if len(calls) == 37:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_step(self, *args, **kw)
-
     handler = signal.getsignal(signal.SIGTERM)  # another library's, or the default
-    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    sigterm_on_call(monkeypatch, torch.optim.Adam, "step", 37)
     part = train_charlm([text_file], tmp_path / "part", max_steps=60, **kwargs)
     monkeypatch.undo()
     assert part.step == 37 and part.stopped_by == signal.SIGTERM
@@ -260,16 +252,7 @@ def test_cli_says_a_stop_and_exits_143(text_file, tmp_path, monkeypatch):
 
     import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
 
-    calls = []
-    real_step = torch.optim.SGD.step
-
-    def step(self, *args, **kw):
-        calls.append(1)
-        if len(calls) == 7:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_step(self, *args, **kw)
-
-    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    sigterm_on_call(monkeypatch, torch.optim.SGD, "step", 7)
     out = tmp_path / "cli"
     args = ["lean", "train-charlm", str(text_file), str(out), "--hidden-size", "16"]
     args += ["--embedding-size", "8", "--bptt", "20", "-b", "4", "--gpu-id", "-1"]

@@ -3,7 +3,6 @@ input, checkpoints and out-of-memory back-off, run through the real CLI app."""
 
 import json
 import math
-import os
 import signal
 
 import numpy
@@ -21,6 +20,7 @@ from spacy_lean.streaming import StreamingEvaluator
 
 from eval_util import add_ruler, as_json, assert_same_scores  # noqa: E402
 from eval_util import record_evaluators, trim_policy  # noqa: E402
+from stop_util import sigterm_on_call  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -315,16 +315,8 @@ def test_sigterm_ends_the_run_at_the_windows_end_saved_and_it_resumes(
     )
     ckpt = tmp_path / "ckpt.json"
     real_window = StreamingEvaluator._evaluate_window
-    calls = []
-
-    def signalled(self, window):
-        calls.append(len(window))
-        if len(calls) == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_window(self, window)
-
     handler = signal.getsignal(signal.SIGTERM)  # another library's, or the default
-    monkeypatch.setattr(StreamingEvaluator, "_evaluate_window", signalled)
+    calls = sigterm_on_call(monkeypatch, StreamingEvaluator, "_evaluate_window", 4)
     args = ["-b", "2", "--checkpoint", ckpt, "--checkpoint-every", "1", "--no-progress"]
     result = lean_evaluate(model_dir, shard_dir, *args)
     assert result.exit_code == 143, result.output
