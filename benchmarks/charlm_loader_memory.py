@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 APPROACHES = ["lean", "int64_tensor", "flair_textdataset"]
 BATCH_SIZE = 100
@@ -218,14 +219,10 @@ def main() -> None:
             for name, r in results.items()
             if name != "lean"
         }
-    text = json.dumps(out, indent=2)
-    print(text)
     output = args.output
     if output is None and not args.quick:
         output = Path(__file__).parent / "results" / "charlm_loader_memory.json"
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text + "\n", encoding="utf8")
+    print_and_save(out, output)
 
 
 if __name__ == "__main__":

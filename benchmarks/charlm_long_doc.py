@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _procmem import proc_status, reset_peak  # noqa: E402
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 # Hidden 1024 at 200,000 characters: the whole-doc LSTM call fails on torch's CPU LSTM
 # (oneDNN, recorded as the arm's error); at 100,000 characters it runs.
@@ -379,12 +380,8 @@ def main() -> None:
             report["results"].append(entry)
         if args.short_docs:
             report["short_docs"] = short_docs(args.short_docs, args.baseline_src, tmp, args.seed)
-    text = json.dumps(report, indent=2)
-    print(text)
     out = args.out or (None if args.quick else ROOT / "benchmarks/results/charlm_long_doc.json")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n", encoding="utf-8")
+    print_and_save(report, out)
 
 
 if __name__ == "__main__":

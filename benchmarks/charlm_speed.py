@@ -42,6 +42,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+
 # (hidden size, threads). (256, 1) is an extra: on a shared machine a second intra-op
 # thread can make any LSTM many times slower, and one thread per side is the steadier
 # comparison.
@@ -355,10 +357,7 @@ def main() -> None:
                                 for o, f in zip(rs, runs[base])
                             ]
                 report["results"].append(entry)
-    text = json.dumps(report, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n", encoding="utf-8")
+    print_and_save(report, args.out)
 
 
 if __name__ == "__main__":

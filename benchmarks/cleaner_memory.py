@@ -31,6 +31,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+
 MODES = {
     "tokenizer_only": "docs from the tokenizer alone: the docs' own memory",
     "stock": "transformer + ner, nothing released",
@@ -350,10 +352,7 @@ def main():
         "python": platform.python_version(),
         "torch_threads": 1,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    print_and_save(report, args.out)
 
 
 if __name__ == "__main__":

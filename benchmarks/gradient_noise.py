@@ -22,7 +22,6 @@ Prints JSON and writes benchmarks/results/gradient_noise.json.
 """
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "gradient_noise.json"
 sys.path.insert(0, str(HERE))
+
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 
 def main():
@@ -97,10 +98,7 @@ def main():
         },
         "seconds": time.perf_counter() - start,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text + "\n", encoding="utf8")
+    print_and_save(result, args.output)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ makes; plus a lognormal(3, 0.9) distribution of sentence-like lengths.
 """
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
@@ -25,6 +24,8 @@ from spacy.training.batchers import minibatch_by_padded_size
 
 from spacy_lean import synthetic, synthetic_news
 from spacy_lean.corpus import DocSplitter, TokenBudgetBatcher
+
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 
 def measure(batches, lengths_total, n_items):
@@ -113,11 +114,7 @@ def main() -> None:
         "news_pieces_max_length_256": run(news_pieces, args.size),
         "lognormal_sentences": run(lognormal, args.size),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

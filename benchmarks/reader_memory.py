@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 MODES = ["spacy_listed", "spacy_streamed", "lean_streaming", "lean_compact"]
 FILE_MODES = ["file_docbin", "file_lean_reader", "file_spacy_corpus", "file_lean_corpus"]
@@ -332,11 +333,7 @@ def main() -> None:
         summary["single_file"] = _file_summary(
             {key: _median_run(runs[key]) for key in runs if "@" in key}, sizes
         )
-    text = json.dumps(summary, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    print_and_save(summary, args.out)
 
 
 if __name__ == "__main__":

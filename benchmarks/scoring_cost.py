@@ -8,7 +8,6 @@ saved state. Prints JSON and writes benchmarks/results/scoring_cost.json.
 """
 
 import argparse
-import json
 import statistics
 import time
 import warnings
@@ -22,6 +21,8 @@ from spacy.training import Example
 
 from spacy_lean.scoring import make_pipeline_state
 from spacy_lean.scoring.gold import build_scoring_pipeline, make_scoring_docs
+
+from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 
 def _time(fn):
@@ -125,11 +126,7 @@ def main() -> None:
         "note": "median seconds over interleaved repeats; entity_linker (use_gold_ents) "
         "re-runs the linker on copies inside scoring on both sides.",
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

@@ -348,6 +348,11 @@ def make_distributed_evaluation(
 # -- checkpoints -------------------------------------------------------------------
 
 
+def _old_dir(path: Path) -> Path:
+    # Where replace_dir keeps the previous folder while it swaps the new one in.
+    return path.with_name(path.name + ".old")
+
+
 def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
     """Replace the folder `path` by what `write(tmp)` writes into a new folder `tmp`,
     swapped in by renames once written: a run killed while writing leaves the previous
@@ -356,7 +361,7 @@ def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     write(tmp)
-    old = path.with_name(path.name + ".old")
+    old = _old_dir(path)
     if path.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -426,7 +431,7 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
     """
     path = output_path / DIR_STATE
     file_ = path / STATE_FILE
-    old = path.with_name(path.name + ".old") / STATE_FILE
+    old = _old_dir(path) / STATE_FILE
     if not path.exists() and old.exists():
         # Killed between replace_dir's two renames: the previous state is whole there.
         path, file_ = old.parent, old
