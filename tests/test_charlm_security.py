@@ -307,6 +307,72 @@ def test_hand_written_opcodes_are_refused(tmp_path, marker, case, fmt):
     _refused(path, needle)
 
 
+# Pickles whose objects share parts through the memo (or DUP), so that a file of a few
+# hundred bytes unpickles to a tree of 2**N values: hashing, printing or walking it would
+# never end (N is kept small enough here that a regression fails in seconds instead of
+# hanging). `)` + `2\x86` * N: the empty tuple, then N times (DUP, TUPLE2).
+def _tuple_tree(n: int) -> bytes:
+    return b")" + b"2\x86" * n
+
+
+def _list_tree(n: int) -> bytes:
+    # L0 = []; L(k+1) = [Lk, Lk], Lk in memo slot 10 + k.
+    body = b"]q\x0a0"
+    for k in range(10, 10 + n):
+        body += b"](h" + bytes([k]) + b"h" + bytes([k]) + b"eq" + bytes([k + 1]) + b"0"
+    return body + b"h" + bytes([10 + n])
+
+
+_SHARED = {
+    # A dict key: SETITEM hashes it.
+    "tuple-as-key": (b"}" + _tuple_tree(26) + b"Ns.", "builds a tuple that holds"),
+    # numpy.dtype's BUILD state, which the refusal used to print with repr().
+    "tuple-as-dtype-state": (
+        b"cnumpy\ndtype\nX\x02\x00\x00\x00f8\x85R" + _tuple_tree(22) + b"b.",
+        "builds a tuple that holds",
+    ),
+    # A tuple under the size limit, hashed as a key again and again (SETITEMS).
+    "tuple-key-repeated": (
+        b"}(" + _tuple_tree(17) + b"q\x01N" + b"h\x01N" * 40 + b"u.",
+        "hashing its dict keys",
+    ),
+    # The same through frozenset's stand-in.
+    "tuple-in-frozenset": (
+        b"c__builtin__\nfrozenset\n](" + _tuple_tree(17) + b"q\x01" + b"h\x01" * 40 + b"e\x85R.",
+        "hashing its dict keys",
+    ),
+    # Lists cannot be hashed, but printing or walking the result never ends.
+    "list-tree": (b"}X\x06\x00\x00\x00hiddenq\x02" + _list_tree(40) + b"s.", "unpickles to more"),
+}
+
+
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+@pytest.mark.parametrize("case", sorted(_SHARED))
+def test_shared_structure_bombs_are_refused_at_once(tmp_path, case, fmt):
+    """A ~150-byte file whose shared tuples hashed as a dict key (2**26 visits) or
+    printed in a refusal took from seconds to forever; shared lists unpickled to a
+    result no caller could print. Each is refused while the file is read."""
+    body, needle = _SHARED[case]
+    data = b"\x80\x02" + body
+    path = tmp_path / f"{case}.pt"
+    if fmt == "zip":
+        _zip_file(path, data)
+    else:
+        _legacy_file(path, data, keys=())  # no storages
+    pickletools.dis(data, out=io.StringIO())  # well-formed: refused for its shape alone
+    _refused(path, needle)
+
+
+def test_shared_parts_of_a_normal_size_are_read(tmp_path):
+    """Sharing itself is fine (torch's pickles reuse strings and tuples through the
+    memo): a tree of 2**12 values from a 60-byte file loads, with its keys."""
+    data = b"\x80\x02}(" + _tuple_tree(12) + _list_tree(12) + b"u."
+    path = _zip_file(tmp_path / "shared.pt", data)
+    loaded = safe_torch.load(path, safe_torch.allowed_globals(), what="a test file")
+    [(key, value)] = loaded.items()
+    assert key[0] is key[1] and len(value) == 2 and value[0] is value[1]
+
+
 class _PlainData:
     """A plain-data class a caller may allow: created empty, filled by BUILD."""
 

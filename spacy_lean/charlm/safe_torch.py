@@ -67,6 +67,11 @@ _STORAGE_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 _LOCATION = re.compile(r"[a-z_]{1,16}(:[0-9]{1,4})?")
 _NUMPY_DTYPE = re.compile(r"[biufc][0-9]{1,2}")
 _MAX_DIMS = 32
+# The object tree a file may unpickle to, counting a shared object each time it is
+# reached: a few nodes per byte of the file (each node of a pickle written without
+# sharing takes at least a byte), never less than the budget below.
+_NODES_PER_BYTE = 4
+_MIN_NODE_BUDGET = 1_000_000
 
 
 class CheckpointError(ValueError):
@@ -113,6 +118,14 @@ class _Load:
         self.tensor_bytes = 0  # of all the tensors rebuilt so far
         self.storages: List[Any] = []
         self.records: List[Any] = []  # what the module-level `load` returned (legacy headers)
+        # A pickle can share one object many times through its memo, so a file of a
+        # hundred bytes can build a tuple that holds itself 2**60 times over: hashing it
+        # (a dict key) or printing it would never end. Each tuple's size as a tree is
+        # noted when it is built (tuples are immutable) and limited, and so is the
+        # hashing work of all the keys (`hash_work`, in tree nodes).
+        self.tuple_sizes: Dict[int, Tuple[tuple, int]] = {}
+        self.max_nodes = _MIN_NODE_BUDGET + _NODES_PER_BYTE * max_storage_bytes
+        self.hash_work = 0
         self.classes: FrozenSet[type] = frozenset(
             v for v in allowed.values() if isinstance(v, type)
         )
@@ -125,6 +138,38 @@ class _Load:
 
     def is_our_storage(self, obj: Any) -> bool:
         return any(obj is storage for storage in self.storages)
+
+    def tree_size(self, value: Any) -> int:
+        """How many nodes hashing or printing `value` visits: 1 for anything but a
+        tuple, whose size was noted when the unpickler built it."""
+        if type(value) is not tuple:
+            return 1
+        noted = self.tuple_sizes.get(id(value))
+        if noted is not None and noted[0] is value:
+            return noted[1]
+        return 1 + sum(self.tree_size(item) for item in value)  # () or a stand-in's
+
+    def note_tuple(self, value: tuple) -> tuple:
+        size = 1 + sum(self.tree_size(item) for item in value)
+        if size > self.max_nodes:
+            raise RefusedPickle(
+                f"it builds a tuple that holds {size:,} values once its shared parts are "
+                f"counted each time they occur (at most {self.max_nodes:,} for a file of "
+                f"this size)"
+            )
+        if value:
+            self.tuple_sizes[id(value)] = (value, size)
+        return value
+
+    def note_keys(self, keys: Iterable[Any]) -> None:
+        """Count the work of hashing `keys` (dict keys, set items) before it is done."""
+        self.hash_work += sum(self.tree_size(key) for key in keys)
+        if self.hash_work > self.max_nodes:
+            raise RefusedPickle(
+                f"hashing its dict keys and set items would visit {self.hash_work:,} values "
+                f"(shared tuples used over and over), more than a file of this size needs "
+                f"({self.max_nodes:,})"
+            )
 
 
 # --- stand-ins: each takes the `_Load` and returns the checked callable -------------
@@ -242,6 +287,7 @@ def _ordered_dict(load: _Load) -> Callable[..., OrderedDict]:
                 for item in items
             )
         ):
+            load.note_keys(item[0] for item in items)
             return OrderedDict(items)
         raise _refuse_args("collections.OrderedDict", args)
 
@@ -306,6 +352,7 @@ def _plain_collection(kind: type) -> Callable[[_Load], Callable[..., Any]]:
                 and type(args[0]) in (list, tuple)
                 and all(isinstance(item, _PLAIN_KEY_TYPES) for item in args[0])
             ):
+                load.note_keys(args[0])
                 return kind(args[0])
             raise _refuse_args(f"builtins.{kind.__name__}", args)
 
@@ -454,17 +501,37 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def load_setitem(self) -> None:
         value = self.stack.pop()
         key = self.stack.pop()
-        self._target(dict, "SETITEM")[key] = value
+        target = self._target(dict, "SETITEM")
+        self._load.note_keys((key,))
+        target[key] = value
 
     def load_setitems(self) -> None:
         items = self.pop_mark()
         target = self._target(dict, "SETITEMS")
+        self._load.note_keys(items[0 : len(items) - 1 : 2])
         for i in range(0, len(items) - 1, 2):
             target[items[i]] = items[i + 1]
 
     def load_additems(self) -> None:
         items = self.pop_mark()
-        self._target(set, "ADDITEMS").update(items)
+        target = self._target(set, "ADDITEMS")
+        self._load.note_keys(items)
+        target.update(items)
+
+    # Tuples: built as the reference unpickler builds them, their tree size noted.
+    def load_tuple(self) -> None:
+        items = self.pop_mark()
+        self.append(self._load.note_tuple(tuple(items)))
+
+    def load_tuple1(self) -> None:
+        self.stack[-1] = self._load.note_tuple((self.stack[-1],))
+
+    def load_tuple2(self) -> None:
+        self.stack[-2:] = [self._load.note_tuple((self.stack[-2], self.stack[-1]))]
+
+    def load_tuple3(self) -> None:
+        built = (self.stack[-3], self.stack[-2], self.stack[-1])
+        self.stack[-3:] = [self._load.note_tuple(built)]
 
     def _target(self, kind: type, opcode: str) -> Any:
         target = self.stack[-1]
@@ -481,6 +548,10 @@ class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     dispatch[pickle.SETITEM[0]] = load_setitem
     dispatch[pickle.SETITEMS[0]] = load_setitems
     dispatch[pickle.ADDITEMS[0]] = load_additems
+    dispatch[pickle.TUPLE[0]] = load_tuple
+    dispatch[pickle.TUPLE1[0]] = load_tuple1
+    dispatch[pickle.TUPLE2[0]] = load_tuple2
+    dispatch[pickle.TUPLE3[0]] = load_tuple3
     for _opcode in (
         "INST",
         "OBJ",
@@ -502,6 +573,23 @@ def _describe(obj: Any) -> str:
     if isinstance(obj, type):
         return f"'{obj.__module__}.{obj.__qualname__}'"
     return f"a {type(obj).__module__}.{type(obj).__qualname__} value"
+
+
+def _brief(value: Any) -> str:
+    """A short description of a value from the file that never walks it (its repr
+    could be astronomically long: see `_Load.tuple_sizes`)."""
+    if type(value) in (str, bytes):
+        return repr(value[:60]) + ("..." if len(value) > 60 else "")
+    if type(value) is int:
+        return str(value) if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
+    if type(value) in (float, bool, type(None)):
+        return repr(value)
+    if type(value) is tuple:
+        shown = ", ".join(
+            _brief(item) if type(item) is not tuple else "tuple" for item in value[:6]
+        )
+        return f"({shown}{', ...' if len(value) > 6 else ''})"
+    return f"a {type(value).__name__}"
 
 
 def _check_storage_record(load: _Load, pid: Any) -> None:
@@ -535,8 +623,7 @@ def _check_storage_record(load: _Load, pid: Any) -> None:
             and view[1] + view[2] <= pid[4]
         )
     if not ok:
-        shown = pid if type(pid) in (tuple, str, int) else type(pid).__name__
-        raise RefusedPickle(f"the pickle has a persistent id torch does not write: {shown!r:.200}")
+        raise RefusedPickle(f"the pickle has a persistent id torch does not write: {_brief(pid)}")
     # torch makes a storage the first time a key is named and hands it out again after
     # that, whatever a later record says: count each key as it was first named.
     load.storage_bytes.setdefault(pid[2], pid[4] * torch._utils._element_size(pid[1].dtype))
@@ -584,7 +671,7 @@ def _check_dtype_state(dtype: numpy.dtype, state: Any) -> None:
         and (state[1] == expected[1] or state[1] in ("|", "=") or dtype.itemsize == 1)
     ):
         return
-    raise RefusedPickle(f"the pickle gives numpy.dtype('{dtype.str}') the state {state!r:.100}")
+    raise RefusedPickle(f"the pickle gives numpy.dtype('{dtype.str}') the state {_brief(state)}")
 
 
 def _pickle_module(load: _Load) -> types.ModuleType:
@@ -693,6 +780,7 @@ def load(
             )
             if load_state.legacy:
                 _check_legacy_storages_filled(load_state)
+            _check_tree_size(result, load_state)
             return result
         except RefusedPickle as err:
             raise CheckpointError(
@@ -718,6 +806,32 @@ def _check_legacy_storages_filled(load: _Load) -> None:
     keys = load.records[-1] if load.records else None
     if type(keys) is not list or not set(load.storage_bytes) <= set(keys):
         raise pickle.UnpicklingError("the file names storages whose data it does not contain")
+
+
+def _check_tree_size(value: Any, load: _Load) -> None:
+    """Refuse a result whose tree, a shared list or dict counted each time it is
+    reached, is larger than the file could hold without sharing: whoever walks or
+    prints it (an error message naming a setting, say) would never finish. The walk
+    stops at the budget, so it is never longer than that itself."""
+    stack = [value]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > load.max_nodes:
+            raise RefusedPickle(
+                f"it unpickles to more than {load.max_nodes:,} values once its shared lists "
+                "and dicts are counted each time they occur, more than a file of this size "
+                "holds"
+            )
+        kind = type(item)
+        if kind in (list, tuple, set, frozenset):
+            stack.extend(item)
+        elif kind in (dict, OrderedDict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif kind in load.classes:
+            stack.extend(vars(item).values())
 
 
 def _too_large(shown: str, size: int, limit: int) -> CheckpointError:
