@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from spacy_lean import synthetic
+from spacy_lean.charlm import safe_torch
 from spacy_lean.charlm.loader import CharLMLoader, EncodedText
 from spacy_lean.charlm.model import CharDictionary, CharLM
 from spacy_lean.charlm.train import MODEL_FILE, STATE_FILE, train_charlm
@@ -194,6 +195,36 @@ def test_a_model_from_another_save_is_not_resumed(text_file, tmp_path):
     # The matching pair resumes.
     result = train_charlm([text_file], tmp_path / "later", max_steps=6, resume=True, **TINY)
     assert result.step == 6
+
+
+# Edits of a training state, each refused naming its field before anything is built
+# from it (train-charlm's state is data: a 3 KB file with bptt 10**15 asked for
+# petabytes of loader buffers).
+_STATE_EDITS = {
+    "config.bptt": lambda st: st["config"].update(bptt=10**15),
+    "config.lr": lambda st: st["config"].update(lr=float("nan")),
+    "config.clip": lambda st: st["config"].update(clip=-1.0),
+    "config.seed": lambda st: st["config"].update(seed="x"),
+    "config.randomize": lambda st: st["config"].update(randomize=2),
+    "config.optimizer": lambda st: st["config"].update(optimizer="lamb"),
+    "loader.offset": lambda st: st["loader"].update(offset=10**12),
+    "loader.epoch": lambda st: st["loader"].update(epoch=-1),
+    "step": lambda st: st.update(step=1.5),
+    "losses": lambda st: st.update(losses=[[1, 2, 3]]),
+    "hidden": lambda st: st.update(hidden=(torch.zeros(1, 999, 32), torch.zeros(1, 999, 32))),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_STATE_EDITS))
+def test_an_edited_training_state_is_refused_naming_the_field(text_file, tmp_path, field):
+    run = tmp_path / "run"
+    train_charlm([text_file], run, max_steps=2, **TINY)
+    state = safe_torch.load(run / STATE_FILE, safe_torch.allowed_globals(), what="a state")
+    _STATE_EDITS[field](state)
+    torch.save(state, run / STATE_FILE)
+    with pytest.raises(ValueError, match="edited or damaged") as info:
+        train_charlm([text_file], run, max_steps=3, resume=True, **TINY)
+    assert f"{run / STATE_FILE}: {field} = " in str(info.value)
 
 
 def test_changed_text_is_reencoded_and_refuses_to_resume(text_file, tmp_path):

@@ -391,6 +391,7 @@ class _Trainer:
         batch_size = loader_kwargs["batch_size"]
         loader_settings = dict(bptt=loader_kwargs["bptt"], randomize=loader_kwargs["randomize"])
         if state is not None:
+            _check_resume_state(state, output_dir / STATE_FILE, len(encoded), model)
             batch_size = CharLMLoader.batch_size_for(state["loader"], dist.world_size)
             saved = state["config"]
             loader_settings = dict(bptt=saved["bptt"], randomize=saved["randomize"])
@@ -642,6 +643,101 @@ class _Trainer:
             os.replace(model_tmp, self.output_dir / MODEL_FILE)
             os.replace(state_tmp, self.output_dir / STATE_FILE)
         self.dist.barrier()
+
+
+# The most memory a training state may make the loader allocate beyond the text itself:
+# bptt x streams ids per batch (Flair's defaults, 250 x 100, are 25,000).
+_MAX_BATCH_IDS = 10_000_000
+
+
+def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: CharLM) -> None:
+    """Check every setting and count of a training state before anything is built
+    from it: the file is data, and its `bptt` alone sizes the loader's buffers (a
+    3 KB state with bptt 10**15 asked for petabytes)."""
+
+    def refuse(field: str, value: Any, expected: str) -> None:
+        shown = value if isinstance(value, (bool, int, float, str, type(None))) else type(value)
+        raise ValueError(
+            f"{path}: {field} = {str(shown)[:80]}, expected {expected}: the training state was "
+            "edited or damaged (train-charlm never writes that). Restore it from a copy, or "
+            "train again without --resume (into another output folder to keep this one)."
+        )
+
+    def whole(value: Any, low: int = 0) -> bool:
+        return type(value) is int and value >= low
+
+    def number(value: Any) -> bool:
+        return type(value) in (int, float) and math.isfinite(value)
+
+    def section(key: str) -> Dict[str, Any]:
+        value = state.get(key)
+        if not isinstance(value, dict):
+            refuse(key, value, "a dict")
+        return value
+
+    config, loader = section("config"), section("loader")
+    if config.get("optimizer") not in OPTIMIZERS:
+        refuse("config.optimizer", config.get("optimizer"), f"one of {OPTIMIZERS}")
+    for key, ok, expected in (
+        ("lr", lambda v: number(v) and v > 0, "a finite number > 0"),
+        ("clip", lambda v: number(v) and v >= 0, "a finite number >= 0"),
+        ("seed", whole, "a whole number >= 0"),
+        ("bptt", lambda v: whole(v, 1), "a whole number >= 1"),
+        ("randomize", lambda v: type(v) is bool, "true or false"),
+    ):
+        if not ok(config.get(key)):
+            refuse(f"config.{key}", config.get(key), expected)
+    for key in ("n_streams", "n_chars"):
+        if not whole(loader.get(key), 1):
+            refuse(f"loader.{key}", loader.get(key), "a whole number >= 1")
+    for key in ("epoch", "offset", "n_batches"):
+        if not whole(loader.get(key)):
+            refuse(f"loader.{key}", loader.get(key), "a whole number >= 0")
+    n_streams = loader["n_streams"]
+    if loader["offset"] > n_chars // n_streams:
+        refuse(
+            "loader.offset", loader["offset"], f"at most a stream's length ({n_chars // n_streams})"
+        )
+    if type(loader.get("reverse")) is not bool:
+        refuse("loader.reverse", loader.get("reverse"), "true or false")
+    if not isinstance(loader.get("rng"), dict):
+        refuse("loader.rng", loader.get("rng"), "a numpy bit generator state (a dict)")
+    limit = max(n_chars, _MAX_BATCH_IDS)
+    if config["bptt"] * n_streams > limit:
+        refuse(
+            "config.bptt",
+            config["bptt"],
+            f"a length whose batches ({n_streams} streams) hold at most {limit:,} ids (the text "
+            f"has {n_chars:,} characters)",
+        )
+    if not whole(state.get("step")):
+        refuse("step", state.get("step"), "a whole number >= 0")
+    for key in ("losses", "dev_losses"):
+        rows = state.get(key, [])
+        if not (
+            isinstance(rows, list)
+            and all(
+                isinstance(row, (list, tuple))
+                and len(row) == 2
+                and whole(row[0])
+                and type(row[1]) in (int, float)
+                for row in rows
+            )
+        ):
+            refuse(key, rows, "a list of [step, loss] pairs")
+    pending = state.get("pending_loss")
+    if not (isinstance(pending, list) and all(type(v) in (int, float) for v in pending)):
+        refuse("pending_loss", pending, "a list of losses")
+    hidden = state.get("hidden")
+    shape = (model.nlayers, n_streams, model.hidden_size)
+    if hidden is not None and not (
+        isinstance(hidden, (list, tuple))
+        and len(hidden) == model.state_count
+        and all(
+            type(h) is torch.Tensor and h.is_floating_point() and h.shape == shape for h in hidden
+        )
+    ):
+        refuse("hidden", hidden, f"null or {model.state_count} recurrent state(s) of shape {shape}")
 
 
 def _sha256(path: Path) -> str:
