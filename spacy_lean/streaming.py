@@ -799,6 +799,7 @@ class EvalCheckpoint:
                     "start over."
                 )
         from .scoring import PipelineScoreState
+        from .scoring.base import StateFieldError
 
         counts = {key: self._count(data, key) for key in ("n_examples", "n_batches")}
         done = data.get("done", False)
@@ -818,13 +819,17 @@ class EvalCheckpoint:
             self._count(unit, "n_examples", f"units.{key}.")
             if "empty_docs" in unit:  # absent in checkpoints written before it was counted
                 self._count(unit, "empty_docs", f"units.{key}.")
+
+        def restore(where: str, data: Dict[str, Any], *args: Any) -> PipelineScoreState:
+            try:
+                return PipelineScoreState.from_dict(data, nlp, scorer_cfg, *args)
+            except StateFieldError as err:  # a count or label no state holds
+                self._refuse(f"{where}{err.field}", err.value, err.expected)
+                raise  # not reached: _refuse raises
+
         try:
             resumed = {
-                "state": (
-                    PipelineScoreState.from_dict(state, nlp, scorer_cfg, per_component)
-                    if state is not None
-                    else None
-                ),
+                "state": (restore("state.", state, per_component) if state is not None else None),
                 "units": {int(k): v for k, v in units.items()},
                 "n_examples": counts["n_examples"],
                 "n_batches": counts["n_batches"],
@@ -832,9 +837,11 @@ class EvalCheckpoint:
             }
             # Merged at the end: check them now.
             restored = [("state.", resumed["state"])] + [
-                (f"units.{k}.state.", PipelineScoreState.from_dict(v["state"], nlp, scorer_cfg))
+                (f"units.{k}.state.", restore(f"units.{k}.state.", v["state"]))
                 for k, v in units.items()
             ]
+        except CheckpointMismatchError:
+            raise
         except Exception as e:  # any damage in a state: named, with the fix
             raise CheckpointMismatchError(
                 f"The checkpoint {self.path} could not be restored ({type(e).__name__}: {e}): it "

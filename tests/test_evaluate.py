@@ -685,6 +685,78 @@ def test_damaged_checkpoint_names_the_file_field_value_and_fix(
     assert "start over" in text and len(text) < 400  # a long value is cut short
 
 
+def _ner_entry(data):
+    return dict(data["state"]["components"])["ner"]
+
+
+_NER = "state.components.ner."
+
+
+@pytest.mark.parametrize(
+    "edit,field,shown,expected",
+    [
+        (
+            lambda d: _ner_entry(d)["per_type"][0].__setitem__(1, -500),
+            "per_type[0][1]",
+            "-500",
+            ">= 0",
+        ),
+        (
+            lambda d: _ner_entry(d)["per_type"][0].__setitem__(3, 1.5),
+            "per_type[0][3]",
+            "1.5",
+            ">= 0",
+        ),
+        (
+            lambda d: _ner_entry(d)["per_type"][0].__setitem__(0, None),
+            "per_type[0][0]",
+            "None",
+            "label",
+        ),
+        # A row added at the end (index n): a label listed twice, a row of 3 values.
+        (
+            lambda d: _ner_entry(d)["per_type"].append(list(_ner_entry(d)["per_type"][0])),
+            "per_type[",
+            "",
+            "a label not listed before",
+        ),
+        (lambda d: _ner_entry(d)["per_type"].append(["X", 10**9, 0]), "per_type[", "", "list of 4"),
+        (lambda d: d["state"].__setitem__("n_words", -3), "n_words", "-3", ">= 0"),
+        (lambda d: d["state"].__setitem__("n_examples", True), "n_examples", "True", ">= 0"),
+        (
+            lambda d: dict(d["state"]["components"])["tokenizer"].__setitem__("acc", [1, 2]),
+            "tokenizer.acc",
+            "",
+            "list of 3",
+        ),
+    ],
+)
+def test_edited_counts_in_a_checkpoint_are_refused_naming_the_field(
+    trf_ner_nlp, gold_docs, tmp_path, edit, field, shown, expected
+):
+    """Each count and label of a saved score state is checked as it is restored: an
+    edited true-positive count of -500 resumed to an F-score of -7.6, with exit 0."""
+    evaluator = StreamingEvaluator(trf_ner_nlp)
+    examples = fresh_examples(trf_ner_nlp, gold_docs[:6])
+    for eg, doc in zip(examples, trf_ner_nlp.pipe(eg.predicted for eg in examples)):
+        eg.predicted = doc
+    evaluator.state.update(examples)
+    ckpt = EvalCheckpoint(tmp_path / "c.json", model_fingerprint="m", data_fingerprint="d")
+    ckpt.save(evaluator.state, n_examples=6)
+    data = json.loads(ckpt.path.read_text())
+    assert _ner_entry(data)["per_type"], "the state must hold an entity type to edit"
+    ckpt.load(trf_ner_nlp, evaluator.state.fingerprint)  # as saved: restored
+    edit(data)
+    ckpt.path.write_text(json.dumps(data), encoding="utf8")
+    with pytest.raises(CheckpointMismatchError) as err:
+        ckpt.load(trf_ner_nlp, evaluator.state.fingerprint)
+    text = str(err.value)
+    where = {"tokenizer.acc": "state.components.tokenizer.acc"}.get(field)
+    where = where or (_NER + field if field.startswith("per_type") else "state." + field)
+    assert str(ckpt.path) in text and f"has {where}" in text and expected in text, text
+    assert f"= {shown}" in text and "edited or damaged" in text
+
+
 def test_checkpoint_nested_too_deep_is_refused(trf_ner_nlp, tmp_path):
     ckpt, state, _ = _checkpoint_data(trf_ner_nlp, tmp_path)
     ckpt.path.write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf8")

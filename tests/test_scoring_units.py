@@ -592,3 +592,22 @@ def test_aligned_x2y_is_spacys_alignment(words, merge):
         assert list(ours[start]) == list(theirs[start])
         for end in range(start, len(predicted) + 1):
             assert list(ours[start:end]) == list(theirs[start:end])
+
+
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"golds": ["0x1p+0"], "counts": [["0x1p-1", -1, 0]]}, "auc.counts[0][1]"),
+        ({"golds": ["0x1p+0"], "counts": [["0x1p-1", 1, 0], ["0x1p-1", 0, 1]]}, "auc.counts[1][0]"),
+        ({"golds": ["half"], "counts": []}, "auc.golds[0]"),
+        ({"golds": [], "counts": [["0x1p-1", 1]]}, "auc.counts[0]"),
+        ([], "auc"),
+    ],
+)
+def test_saved_roc_counts_are_checked_as_they_load(data, field):
+    from spacy_lean.scoring.base import StateFieldError
+    from spacy_lean.scoring.cats import ScoreCounts
+
+    with pytest.raises(StateFieldError) as err:
+        ScoreCounts.from_list(data)
+    assert err.value.field == field

@@ -97,9 +97,56 @@ def prf_to_list(prf: PRFScore) -> List[int]:
     return [int(prf.tp), int(prf.fp), int(prf.fn)]
 
 
-def prf_from_list(values: Sequence[int]) -> PRFScore:
-    tp, fp, fn = values
-    return PRFScore(tp=int(tp), fp=int(fp), fn=int(fn))
+# -- Loading saved counts --------------------------------------------------------
+# A saved state is data from a file (an evaluation checkpoint): each value is checked
+# as it is loaded, and a bad one raises `StateFieldError` naming the field, so that an
+# edited or damaged checkpoint is refused instead of giving impossible scores (a
+# negative true-positive count gave an F-score of -7.6).
+
+
+class StateFieldError(ValueError):
+    """A saved score state holds a value `to_dict` never writes."""
+
+    def __init__(self, field: str, value: Any, expected: str) -> None:
+        shown = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else None
+        shown = shown[:60] if shown is not None else f"a {type(value).__name__}"
+        super().__init__(f"{field} = {shown}, expected {expected}")
+        self.field = field
+        self.value = value
+        self.expected = expected
+
+    def within(self, prefix: str) -> "StateFieldError":
+        """The same error, its field named from an enclosing state."""
+        return StateFieldError(f"{prefix}.{self.field}", self.value, self.expected)
+
+
+def count_from_json(value: Any, field: str) -> int:
+    """A saved count: a whole number >= 0 (a bool is not one)."""
+    if type(value) is not int or value < 0:
+        raise StateFieldError(field, value, "a whole number >= 0")
+    return value
+
+
+def list_from_json(value: Any, field: str, length: Optional[int] = None) -> List[Any]:
+    """A saved JSON array (of `length` items when given)."""
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        expected = f"a list of {length} values" if length is not None else "a list"
+        raise StateFieldError(field, value, expected)
+    return value
+
+
+def label_from_json(value: Any, field: str) -> Any:
+    """A saved label: a string, or an int where the scorer's getter gives hashes."""
+    if type(value) not in (str, int):
+        raise StateFieldError(field, value, "a label (a string or an int)")
+    return value
+
+
+def prf_from_list(values: Sequence[int], field: str = "counts") -> PRFScore:
+    tp, fp, fn = (
+        count_from_json(v, f"{field}[{i}]") for i, v in enumerate(list_from_json(values, field, 3))
+    )
+    return PRFScore(tp=tp, fp=fp, fn=fn)
 
 
 def prf_add_counts(prf: PRFScore, tp: int, fp: int, fn: int) -> None:
@@ -122,8 +169,18 @@ def per_type_to_list(per_type: Dict[str, PRFScore]) -> List[List[Any]]:
     return [[key, *prf_to_list(prf)] for key, prf in per_type.items()]
 
 
-def per_type_from_list(rows: Iterable[Sequence[Any]]) -> Dict[str, PRFScore]:
-    return {row[0]: prf_from_list(row[1:]) for row in rows}
+def per_type_from_list(
+    rows: Iterable[Sequence[Any]], field: str = "per_type"
+) -> Dict[str, PRFScore]:
+    per_type: Dict[str, PRFScore] = {}
+    for i, row in enumerate(list_from_json(rows, field)):
+        where = f"{field}[{i}]"
+        label = label_from_json(list_from_json(row, where, 4)[0], f"{where}[0]")
+        if label in per_type:
+            raise StateFieldError(f"{where}[0]", label, "a label not listed before")
+        tp, fp, fn = (count_from_json(row[j], f"{where}[{j}]") for j in (1, 2, 3))
+        per_type[label] = PRFScore(tp=tp, fp=fp, fn=fn)
+    return per_type
 
 
 def prf_dicts(per_type: Dict[str, PRFScore]) -> Dict[str, Dict[str, float]]:
@@ -140,9 +197,14 @@ def float_to_json(value: float) -> str:
     return float(value).hex()
 
 
-def float_from_json(value: Any) -> float:
+def float_from_json(value: Any, field: str = "value") -> float:
     if isinstance(value, str):
-        return float.fromhex(value)
+        try:
+            return float.fromhex(value)
+        except ValueError:
+            raise StateFieldError(field, value, "a float (hex string)") from None
+    if type(value) not in (int, float):
+        raise StateFieldError(field, value, "a float")
     return float(value)
 
 

@@ -14,8 +14,12 @@ from spacy.training import Example
 
 from .base import (
     ScoreState,
+    StateFieldError,
+    count_from_json,
     float_from_json,
     float_to_json,
+    label_from_json,
+    list_from_json,
     per_type_from_list,
     per_type_to_list,
     prf_dicts,
@@ -72,10 +76,22 @@ class ScoreCounts:
         }
 
     @classmethod
-    def from_list(cls, data: Dict[str, Any]) -> "ScoreCounts":
+    def from_list(cls, data: Dict[str, Any], field: str = "auc") -> "ScoreCounts":
         obj = cls()
-        obj.gold_values = {float_from_json(g) for g in data["golds"]}
-        obj.counts = {float_from_json(s): [int(p), int(n)] for s, p, n in data["counts"]}
+        if not isinstance(data, dict):
+            raise StateFieldError(field, data, "an object with 'golds' and 'counts'")
+        golds = list_from_json(data.get("golds"), f"{field}.golds")
+        obj.gold_values = {float_from_json(g, f"{field}.golds[{i}]") for i, g in enumerate(golds)}
+        for i, row in enumerate(list_from_json(data.get("counts"), f"{field}.counts")):
+            where = f"{field}.counts[{i}]"
+            score, pos, neg = list_from_json(row, where, 3)
+            score = float_from_json(score, f"{where}[0]")
+            if score in obj.counts:
+                raise StateFieldError(f"{where}[0]", row[0], "a score not listed before")
+            obj.counts[score] = [
+                count_from_json(pos, f"{where}[1]"),
+                count_from_json(neg, f"{where}[2]"),
+            ]
         return obj
 
 
@@ -232,6 +248,12 @@ class CatsState(ScoreState):
                 f"Saved cats state has labels {data['labels']}, the component has "
                 f"{self.labels}: restore it with the pipeline it was made with."
             )
-        self.f_per_type = per_type_from_list(data["f_per_type"])
-        self.auc_per_type = {k: ScoreCounts.from_list(v) for k, v in data["auc_per_type"]}
+        self.f_per_type = per_type_from_list(data["f_per_type"], "f_per_type")
+        self.auc_per_type = {}
+        for i, row in enumerate(list_from_json(data["auc_per_type"], "auc_per_type")):
+            where = f"auc_per_type[{i}]"
+            label = label_from_json(list_from_json(row, where, 2)[0], f"{where}[0]")
+            if label in self.auc_per_type:
+                raise StateFieldError(f"{where}[0]", label, "a label not listed before")
+            self.auc_per_type[label] = ScoreCounts.from_list(row[1], f"{where}[1]")
         return self

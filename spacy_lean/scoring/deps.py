@@ -254,7 +254,7 @@ class DepsState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "DepsState":
         self._check_kind(data)
-        self.unlabelled = prf_from_list(data["unlabelled"])
-        self.labelled = prf_from_list(data["labelled"])
-        self.per_dep = per_type_from_list(data["per_dep"])
+        self.unlabelled = prf_from_list(data["unlabelled"], "unlabelled")
+        self.labelled = prf_from_list(data["labelled"], "labelled")
+        self.per_dep = per_type_from_list(data["per_dep"], "per_dep")
         return self

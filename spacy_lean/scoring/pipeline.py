@@ -14,7 +14,15 @@ from spacy.tokenizer import Tokenizer
 from spacy.tokens import Doc, DocBin
 from spacy.training import Example
 
-from .base import ScoreState, callable_name, describe_value, float_from_json, float_to_json
+from .base import (
+    ScoreState,
+    StateFieldError,
+    callable_name,
+    count_from_json,
+    describe_value,
+    float_from_json,
+    float_to_json,
+)
 from .twins import find_twin, make_tokenization_twin, unwrap_scorer
 
 # Keys of `scorer_cfg` that `Scorer.__init__` takes itself (not passed to scorers).
@@ -398,10 +406,13 @@ class PipelineScoreState:
                 "Load it with the same model and scorer_cfg, or start a fresh evaluation."
             )
         for (name, comp_state), (saved_name, saved) in zip(state.states, data["components"]):
-            comp_state.load_dict(saved)
-        state.n_examples = int(data.get("n_examples", 0))
-        state.n_words = int(data["n_words"])
-        state.seconds = float_from_json(data["seconds"])
+            try:
+                comp_state.load_dict(saved)
+            except StateFieldError as err:
+                raise err.within(f"components.{name}") from None
+        state.n_examples = count_from_json(data.get("n_examples", 0), "n_examples")
+        state.n_words = count_from_json(data.get("n_words"), "n_words")
+        state.seconds = float_from_json(data.get("seconds"), "seconds")
         return state
 
 

@@ -114,7 +114,7 @@ class SpansState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "SpansState":
         self._check_kind(data)
-        self.score = prf_from_list(data["score"])
+        self.score = prf_from_list(data["score"], "score")
         self.per_type = per_type_from_list(data["per_type"])
         return self
 

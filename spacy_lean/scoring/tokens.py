@@ -188,8 +188,8 @@ class TokenizationState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "TokenizationState":
         self._check_kind(data)
-        self.acc = prf_from_list(data["acc"])
-        self.prf = prf_from_list(data["prf"])
+        self.acc = prf_from_list(data["acc"], "acc")
+        self.prf = prf_from_list(data["prf"], "prf")
         return self
 
 
@@ -269,7 +269,7 @@ class TokenAttrState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "TokenAttrState":
         self._check_kind(data)
-        self.score = prf_from_list(data["score"])
+        self.score = prf_from_list(data["score"], "score")
         return self
 
 
@@ -459,6 +459,6 @@ class TokenAttrPerFeatState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "TokenAttrPerFeatState":
         self._check_kind(data)
-        self.micro = prf_from_list(data["micro"])
-        self.per_feat = per_type_from_list(data["per_feat"])
+        self.micro = prf_from_list(data["micro"], "micro")
+        self.per_feat = per_type_from_list(data["per_feat"], "per_feat")
         return self
