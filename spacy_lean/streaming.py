@@ -36,7 +36,6 @@ import numpy
 from spacy.errors import Errors
 from spacy.language import Language
 from spacy.scorer import Scorer
-from spacy.tokens import Doc
 from spacy.training import Example, validate_examples
 from spacy.util import registry
 
@@ -45,6 +44,7 @@ from ._compat import has_cupy, has_torch
 # Data is read by spacy_lean.corpus.sources; its error stays importable from here.
 from .corpus.sources import CorruptShardError  # noqa: F401
 from .memory import HeapTrimmer, empty_gpu_caches
+from .scoring.pipeline import release_activations
 from .trf_align import fast_alignment
 from .trf_batching import sorted_span_groups
 
@@ -62,9 +62,6 @@ DEFAULT_WINDOW_BATCHES = 8
 # activations of every component scale with it; spacy-transformers cuts its own
 # batches by the same measure (`max_batch_items`, 4096 by default).
 DEFAULT_MAX_BATCH_TOKENS = 4096
-# Doc extensions that hold (views of) a whole batch's activations. They are released
-# as soon as a doc has been through the pipeline: no built-in scorer reads them.
-_ACTIVATION_EXTENSIONS = ("trf_data",)
 
 
 class CheckpointMismatchError(ValueError):
@@ -90,15 +87,6 @@ def cuda_oom_errors() -> Tuple[type, ...]:
     return tuple(errors)
 
 
-def _release_activations(doc: Doc) -> None:
-    """Drop what pins a batch's activations: transformer output and `doc.tensor`."""
-    for name in _ACTIVATION_EXTENSIONS:
-        if Doc.has_extension(name) and doc._.get(name) is not None:
-            doc._.set(name, None)
-    if getattr(doc.tensor, "size", 0):
-        doc.tensor = numpy.zeros((0,), dtype="float32")
-
-
 class _ScorerFallbackState:
     """Score state for a custom `Scorer` subclass: its `score` method cannot be
     reduced batch by batch, so it keeps slim copies of the examples (predicted docs
@@ -113,7 +101,7 @@ class _ScorerFallbackState:
 
     def update(self, examples: Sequence[Example]) -> None:
         for eg in examples:
-            _release_activations(eg.predicted)
+            release_activations(eg.predicted)
             self.examples.append(eg)
 
     def add_speed(self, n_words: int, seconds: float) -> None:
@@ -477,9 +465,16 @@ class StreamingEvaluator:
         seconds = timer() - start
         n_words = 0
         for eg, doc in zip(batch, docs):
-            _release_activations(doc)
             eg.predicted = doc
             n_words += len(doc)
+        # A doc's transformer output and tensor pin the whole batch's activations: they
+        # are released now, once the states that read them (an entity_linker scored with
+        # gold entities runs again) have done so.
+        prepare = getattr(self.state, "prepare", None)
+        if prepare is not None:
+            prepare(batch)
+        for doc in docs:
+            release_activations(doc)
         self.state.add_speed(n_words, seconds)
         self.n_words += n_words
         self.n_batches += 1

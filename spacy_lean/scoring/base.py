@@ -30,6 +30,16 @@ class ScoreState:
         """
         raise NotImplementedError
 
+    def prepare(self, examples: Sequence[Example]) -> None:
+        """Called with each batch's examples right after the pipeline made them, while
+        their docs still hold the batch's activations (`doc.tensor`, `doc._.trf_data`),
+        which the streaming evaluator releases next. A state whose scorer runs a
+        component again (an entity_linker's scorer with `use_gold_ents`) does that here;
+        `update` comes later, with the whole read-ahead window in data order.
+
+        examples (Sequence[Example]): One batch, its `.predicted` docs processed.
+        """
+
     def merge(self, other: "ScoreState") -> "ScoreState":
         """Add the counts of `other` to this state, in place. `other` is taken to
         hold examples that come *after* this state's examples: where a result keeps

@@ -4,7 +4,7 @@ plus `speed`, i.e. of what `nlp.evaluate` returns."""
 import base64
 import hashlib
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy
 import srsly
@@ -116,23 +116,58 @@ class SlimExamplesState(ScoreState):
         return self
 
 
+def release_activations(doc: Doc) -> None:
+    """Drop what pins a batch's activations: transformer output and `doc.tensor`."""
+    for name in _HEAVY_EXTENSIONS:
+        if Doc.has_extension(name) and doc._.get(name) is not None:
+            doc._.set(name, None)
+    if getattr(doc.tensor, "size", 0):
+        doc.tensor = numpy.zeros((0,), dtype="float32")
+
+
 class EntityLinkerGoldEntsState(ScoreState):
     """Twin of an entity_linker with `use_gold_ents = true`, whose scorer copies
     the reference entities onto copies of the predicted docs and re-runs the
-    linker on them before scoring; done here batch by batch."""
+    linker on them before scoring; done here batch by batch.
+
+    The linker reads its tok2vec's or transformer's output from the docs (a
+    listener's `doc.tensor` or `doc._.trf_data`), so it runs again in `prepare`,
+    while the batch's docs still hold it; without it, a listener gives zeros and the
+    scores are wrong. `update` uses what `prepare` made (and runs the linker itself
+    for examples `prepare` did not see, as when called directly with processed docs)."""
 
     kind = "entity_linker_gold_ents"
 
     def __init__(self, component: Any, inner: ScoreState) -> None:
         self.component = component
         self.inner = inner
+        # id(example) -> (example, its copy with the gold entities, linked again)
+        self._linked: Dict[int, Tuple[Example, Example]] = {}
+
+    def _link(self, examples: List[Example]) -> List[Example]:
+        copies = self.component._ensure_ents(examples)
+        docs = self.component.pipe(eg.predicted for eg in copies)
+        for eg, doc in zip(copies, docs):
+            release_activations(doc)  # the copy holds its own (deep) copy of them
+            eg.predicted = doc
+        return copies
+
+    def prepare(self, examples: Sequence[Example]) -> None:
+        examples = list(examples)
+        for eg, linked in zip(examples, self._link(examples)):
+            self._linked[id(eg)] = (eg, linked)
 
     def update(self, examples: Iterable[Example]) -> None:
-        examples = self.component._ensure_ents(list(examples))
-        docs = self.component.pipe(eg.predicted for eg in examples)
-        for eg, doc in zip(examples, docs):
-            eg.predicted = doc
-        self.inner.update(examples)
+        examples = list(examples)
+        linked: List[Optional[Example]] = []
+        for eg in examples:
+            found = self._linked.pop(id(eg), None)
+            linked.append(found[1] if found is not None and found[0] is eg else None)
+        missing = [i for i, eg in enumerate(linked) if eg is None]
+        if missing:
+            for i, eg in zip(missing, self._link([examples[i] for i in missing])):
+                linked[i] = eg
+        self.inner.update(linked)
 
     def _merge(self, other: "EntityLinkerGoldEntsState") -> None:
         self.inner.merge(other.inner)
@@ -300,6 +335,15 @@ class PipelineScoreState:
                 stacklevel=5,
             )
         return SlimExamplesState(score, nlp.vocab)
+
+    def prepare(self, examples: Sequence[Example]) -> None:
+        """Let the states that run a component again do so while one batch's docs
+        still hold its activations (see `ScoreState.prepare`).
+
+        examples (Sequence[Example]): One batch, its `.predicted` docs processed.
+        """
+        for _, state in self.states:
+            state.prepare(examples)
 
     def update(self, examples: Iterable[Example]) -> None:
         """Count examples whose `.predicted` docs are already processed. No

@@ -117,6 +117,10 @@ class CompositeState(ScoreState):
         for part in self.parts:
             part.update(examples)
 
+    def prepare(self, examples: Sequence[Example]) -> None:
+        for part in self.parts:
+            part.prepare(examples)
+
     def _merge(self, other: "CompositeState") -> None:
         if len(other.parts) != len(self.parts):
             raise ValueError("Cannot merge composite states with different parts.")
