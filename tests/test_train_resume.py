@@ -713,3 +713,25 @@ def test_restore_grad_scalers_says_when_it_cannot():
         [other, PyTorchGradScaler(enabled=True)], saved
     )
     assert float(other._scale) == 2.0**16  # left at its initial value
+
+
+def test_resume_of_a_run_stopped_by_patience(setup, capsys, tmp_path):
+    """A run stopped early by training.patience is finished: resuming it with the same
+    command trained one more step, overwrote model-last and exited 0, again at every
+    resume (as a requeued job does). Now it is refused, naming the override; with a
+    larger patience it goes on."""
+    out = tmp_path / "run"
+    settings = {"training.patience": 1, "training.eval_frequency": 1, "training.max_epochs": 50}
+    run(setup, out, **settings)
+    state = read_training_state(out)
+    best = -max((s, -k) for s, k in state["results"])[1]
+    assert state["step"] - best >= 1 and state["epoch"] < 49, "stopped by patience"
+    before = (out / "model-last" / "ner" / "model").read_bytes()
+    text = resume_fails(setup, out, capsys, **settings)
+    assert f"at step {state['step']}, {state['step'] - best} steps after its best score" in text
+    assert "training.patience is 1: the run stopped early there" in text
+    assert f"--training.patience {state['step'] - best + 1}" in text
+    assert read_training_state(out) == state  # nothing was trained or saved
+    assert (out / "model-last" / "ner" / "model").read_bytes() == before
+    run(setup, out, resume=True, **dict(settings, **{"training.patience": 1000}))
+    assert read_training_state(out)["step"] > state["step"]

@@ -650,11 +650,17 @@ class NothingToTrainError(ValueError):
 
 
 def check_steps_left(
-    state: Dict[str, Any], max_steps: int, max_epochs: int = 0, *, epoch_trained: bool = False
+    state: Dict[str, Any],
+    max_steps: int,
+    max_epochs: int = 0,
+    *,
+    epoch_trained: bool = False,
+    patience: int = 0,
 ) -> None:
     """Raise NothingToTrainError when a saved state has no step left under `max_steps`
-    (0: no limit) or `max_epochs` (0 or -1: no limit), saying how to go on.
-    `epoch_trained`: the state's epoch has no batch left (the caller replayed it)."""
+    (0: no limit), `max_epochs` (0 or -1: no limit) or `patience` (0: none), saying how
+    to go on. `epoch_trained`: the state's epoch has no batch left (the caller replayed
+    it)."""
     done = int(state["step"])
     if max_steps and done >= max_steps:
         raise NothingToTrainError(
@@ -662,6 +668,19 @@ def check_steps_left(
             f"{max_steps}: nothing is left to train. Resume with a larger max_steps "
             f"(e.g. --training.max_steps {done + max_steps})."
         )
+    results = state.get("results") or []
+    if patience and results:
+        # The loop stops after step `done` when it is `patience` steps past the best
+        # score (the first of equal best ones): a run stopped early is finished.
+        best = -max((float(score), -int(at)) for score, at in results)[1]
+        if done - best >= patience:
+            raise NothingToTrainError(
+                f"The saved state is at step {done}, {done - best} steps after its best "
+                f"score (step {best}), and this run's training.patience is {patience}: the "
+                "run stopped early there, and nothing is left to train. Resume with a "
+                f"larger patience (e.g. --training.patience {done - best + patience}), or "
+                "0 to train until max_steps or max_epochs."
+            )
     epoch = int(state["epoch"])
     if epoch_trained:
         where = f"at step {done}, the last step of epoch {epoch} (its epochs 0 to {epoch}"
@@ -837,6 +856,7 @@ def train(
     if resume is not None:
         check_steps_left(resume, T["max_steps"], T["max_epochs"])
         check_state_against_corpus(resume, batches, ctx)  # before the schedules' replay
+        check_steps_left(resume, 0, patience=patience)  # a step the corpus could give
         done_step = int(resume["step"])
         step = done_step + 1
         epoch = int(resume["epoch"])
