@@ -1001,3 +1001,48 @@ def test_a_rank_left_without_training_docs_by_the_stock_reader_warns(tmp_path, t
     assert "rank 0 gets no data" not in text
     state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
     assert state["step"] == 4 and [r["examples"] for r in state["ranks"]] == [1, 0]
+
+
+def test_a_mean_loss_is_logged_as_one_process_logs_it(tmp_path):
+    """textcat's loss is a mean over the batch's docs. Each rank's was summed, so 2
+    ranks with 4 docs each logged twice the loss of 1 process with 8 (an untrained
+    textcat's 0.25 as 0.50); each rank's is now weighted by its share of the step's
+    docs. The weights were right before and after (the gradients are summed)."""
+    from spacy.cli.init_config import init_config
+    from spacy.tokens import DocBin
+
+    nlp = spacy.blank("en")
+    words = "good fine great bad poor awful the a film plot".split()
+    rng = numpy.random.default_rng(3)
+    for name, n in (("train", 32), ("dev", 8)):
+        bin_ = DocBin(store_user_data=True)
+        for _ in range(n):
+            doc = nlp.make_doc(" ".join(rng.choice(words, size=int(rng.integers(3, 9)))))
+            positive = sum(w.text in ("good", "fine", "great") for w in doc) >= 1
+            doc.cats = {"POS": float(positive), "NEG": float(not positive)}
+            bin_.add(doc)
+        bin_.to_disk(tmp_path / f"{name}.spacy")
+    config = init_config(lang="en", pipeline=["textcat"], optimize="efficiency")
+    config["training"].update(max_steps=3, eval_frequency=1, dropout=0.0, max_epochs=-1)
+    config["training"]["batcher"] = {
+        "@batchers": "spacy.batch_by_sequence.v1",
+        "size": 8,
+        "get_length": None,
+    }
+    config.to_disk(tmp_path / "config.cfg")
+
+    def run(output, *args):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        cmd = [sys.executable, "-m", "spacy", "lean", "train", str(tmp_path / "config.cfg")]
+        cmd += ["--output", str(output), "--paths.train", str(tmp_path / "train.spacy")]
+        cmd += ["--paths.dev", str(tmp_path / "dev.spacy"), *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return srsly.read_json(output / "model-last" / "meta.json")["performance"]
+
+    one = run(tmp_path / "one")
+    two = run(tmp_path / "two", "--nproc", "2", "--training.batcher.size", "4")
+    assert one["textcat_loss"] > 0
+    assert two["textcat_loss"] == pytest.approx(one["textcat_loss"], rel=1e-4)

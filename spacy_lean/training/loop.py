@@ -52,7 +52,7 @@ from .dist import (
 )
 from .callbacks import get_update_policy
 from .stopping import StopRequest, TrainingStopped
-from .update import UpdatePolicy, lean_update
+from .update import UpdatePolicy, lean_update, loss_reduction
 
 DIR_STATE = "training-state"
 STATE_FILE = "state.json"
@@ -833,6 +833,14 @@ def train(
     reducer.check_same_params()
     reducer.broadcast_values(0)  # identical start, whatever each rank's init did
     loss_names = list(nlp.pipe_names)
+    # A loss that is a mean over the batch's docs (textcat's) is the mean over every
+    # rank's docs: each rank's is weighted by its share of the step's docs. (Summed, it
+    # was N times one process's on N ranks.) One process keeps its own value, as stock.
+    mean_losses = (
+        {name for name, proc in nlp.pipeline if loss_reduction(proc) == "mean"}
+        if ctx.world_size > 1
+        else set()
+    )
     trainable = trainable_components(nlp, exclude=frozen)
     scalers = grad_scalers(nlp, exclude=frozen)  # mixed precision: steps skipped together
     batches = RankBatches(
@@ -1022,9 +1030,14 @@ def train(
                 # several): their names can differ per rank, so they are gathered as JSON
                 # after the all-reduce, in a step where some rank has one (a flag says so).
                 other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
+                n_docs = len(batch) if batch is not None else 0
                 extras = [words, 1.0 if other_losses else 0.0]
                 extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
-                extras += [step_losses.get(name, 0.0) for name in loss_names]
+                extras += [
+                    step_losses.get(name, 0.0) * (n_docs if name in mean_losses else 1)
+                    for name in loss_names
+                ]
+                extras.append(n_docs)
                 extras.append(1.0 if stop.requested else 0.0)  # last: ranks asked to stop
                 summed = reducer.reduce(extras)
                 if summed[1] > 0:
@@ -1036,9 +1049,13 @@ def train(
                 done_step = step
                 words_seen += int(round(summed[0]))
                 n = len(loss_names)
+                step_docs = summed[2 + 2 * n]
                 for i, name in enumerate(loss_names):
                     if summed[2 + i] > 0:
-                        losses[name] = losses.get(name, 0.0) + float(summed[2 + n + i])
+                        value = float(summed[2 + n + i])
+                        if name in mean_losses and step_docs > 0:
+                            value /= step_docs
+                        losses[name] = losses.get(name, 0.0) + value
                 for name, value in other_losses.items():  # summed over the ranks
                     losses[name] = losses.get(name, 0.0) + value
                 if not (step % eval_frequency):

@@ -409,6 +409,19 @@ class _UpdateState:
 # ---------------------------------------------------------------------------------
 
 
+def loss_reduction(proc: Any) -> Optional[str]:
+    """How a component reduces its loss over a batch's docs: "sum", "mean", or None
+    where spacy-lean has not checked it (and the component declares nothing)."""
+    declared = getattr(proc, "lean_loss_reduction", None)
+    if declared in ("sum", "mean"):
+        return declared
+    if isinstance(proc, _CHECKED_MEAN):
+        return "mean"
+    if isinstance(proc, _CHECKED_SUM):
+        return "sum"
+    return None
+
+
 def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -> Dict[str, str]:
     """How each updated component reduces its loss: "sum" or "mean" (over docs)."""
     reductions: Dict[str, str] = {}
@@ -416,13 +429,9 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
     for name, proc in nlp.pipeline:
         if name in excluded or not hasattr(proc, "update"):
             continue
-        declared = getattr(proc, "lean_loss_reduction", None)
-        if declared in ("sum", "mean"):
-            reductions[name] = declared
-        elif isinstance(proc, _CHECKED_MEAN):
-            reductions[name] = "mean"
-        elif isinstance(proc, _CHECKED_SUM):
-            reductions[name] = "sum"
+        reduction = loss_reduction(proc)
+        if reduction is not None:
+            reductions[name] = reduction
         else:
             reductions[name] = "sum"
             factory = nlp.get_pipe_meta(name).factory
