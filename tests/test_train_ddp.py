@@ -1046,3 +1046,27 @@ def test_a_mean_loss_is_logged_as_one_process_logs_it(tmp_path):
     two = run(tmp_path / "two", "--nproc", "2", "--training.batcher.size", "4")
     assert one["textcat_loss"] > 0
     assert two["textcat_loss"] == pytest.approx(one["textcat_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--timeout", "0"], "--timeout must be a number of seconds > 0, got 0.0"),
+        (["--timeout", "-1"], "--timeout must be a number of seconds > 0, got -1.0"),
+        (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
+        (["--max-padded-tokens", "0"], "--max-padded-tokens must be a positive number"),
+    ],
+)
+def test_bad_numbers_are_refused_before_anything_starts(setup, tmp_path, args, needle):
+    """A timeout of 0, -1 or NaN reached torch's rendezvous, which failed with its own
+    C++ trace ("client socket has timed out after 0ms"); --max-padded-tokens 0 was
+    refused only after the pipeline was initialised."""
+    from spacy.cli._util import app
+    from typer.testing import CliRunner
+
+    import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
+
+    command = ["lean", "train", str(setup / "config.cfg"), "--output", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, command + ["--nproc", "2", *args])
+    assert result.exit_code == 1 and needle in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import traceback
@@ -101,6 +102,19 @@ def train_cli(
         ids = [use_gpu]
     if nproc < 1:
         msg.fail(f"--nproc must be >= 1, got {nproc}.", exits=1)
+    if not (math.isfinite(timeout) and timeout > 0):
+        msg.fail(
+            f"--timeout must be a number of seconds > 0, got {timeout}: how long a rank waits "
+            "for the others in a collective before the run stops (default 600).",
+            exits=1,
+        )
+    if max_padded_tokens is not None and max_padded_tokens < 1:
+        # Checked again with the config's setting; said here before anything starts.
+        msg.fail(
+            f"--max-padded-tokens must be a positive number of padded tokens, got "
+            f"{max_padded_tokens}. Leave it out for no ceiling.",
+            exits=1,
+        )
     if resume and output_path is None:
         msg.fail("--resume needs --output: the folder of the run to continue.", exits=1)
     from ..training.dist import check_backend
