@@ -16,7 +16,7 @@ from spacy.util import registry
 import spacy_lean.corpus.reader as reader_module
 from spacy_lean import synthetic
 from spacy_lean.corpus import CorruptShardError, LeanCorpus, list_shards, split_among
-from spacy_lean.corpus.jsonl import doc_to_record
+from spacy_lean.corpus.jsonl import SkippedRecordsWarning, doc_to_record
 
 
 def key(eg):
@@ -345,7 +345,6 @@ def test_prodigy_rejects_and_ignores_are_not_read_as_gold(nlp, tmp_path):
     span, an "ignore" a skipped example. They were read as gold entities; now they are
     left out, with a warning that counts them, and the parts of the file (as
     `spacy lean evaluate --workers` cuts it) still hold every accepted record once."""
-    from spacy_lean.corpus.jsonl import SkippedRecordsWarning
     from spacy_lean.corpus.sources import count_shard_docs, iter_shard_docs
 
     def record(text, label, answer):
@@ -541,6 +540,10 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         ({"text": "y z", "entities": [], "missing": [[0, 2]]}, r"does not fall on token bound"),
         ({"text": "y z", "entities": [], "missing": [[0, "a"]]}, r"must be \[start, end\]"),
         ({"text": "y z", "entities": [], "missing": {"0": 1}}, r'"missing" must be a list'),
+        ({"text": "y z", "entities": [[0, 1, ""]]}, r"has the label '': each span needs a label"),
+        ({"text": "y z", "entities": [[0, 1, None]]}, r"has the label None"),
+        ({"text": "y z", "spans": [[0, 1, " "]]}, r"spans span \[0, 1\] has the label ' '"),
+        ({"text": "y z", "entities": [["0", "\u00b2", "X"]]}, r"whole-number character offsets"),
     ],
     ids=[
         "token-without-text",
@@ -554,6 +557,10 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         "missing-not-on-tokens",
         "missing-not-a-number",
         "missing-not-a-list",
+        "label-empty",
+        "label-null",
+        "label-blank-span",
+        "offset-superscript",
     ],
 )
 def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):
@@ -568,6 +575,38 @@ def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):
         list(LeanCorpus(path)(nlp))
     srsly.write_jsonl(path, [{"text": "Ada met Bo", "entities": [[0.0, "3", "PER"]]}])
     assert [e.text for e in next(iter(LeanCorpus(path)(nlp))).reference.ents] == ["Ada"]
+
+
+def test_jsonl_that_is_not_utf8_names_the_file_and_line(nlp, tmp_path):
+    """A Latin-1 file gave "'utf-8' codec can't decode byte 0xe9 in position 28", with
+    no file, and a position in a 64 KiB read block. Now the first bad line is named,
+    found again in binary even when it is far past the lines read so far."""
+    path = tmp_path / "latin.jsonl"
+    lines = [srsly.json_dumps({"text": f"line {i}"}).encode() for i in range(3000)]
+    lines[2500] = '{"text": "caf\u00e9"}'.encode("latin-1")
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(
+        CorruptShardError, match=r"latin\.jsonl:2501: not valid UTF-8 \(byte\(s\) b'\\xe9'\)"
+    ):
+        list(LeanCorpus(path)(nlp))
+
+
+def test_limit_counts_docs_not_rejected_records(nlp, tmp_path):
+    """`limit` planned each .jsonl file's share with its record count, rejected
+    records included, then counted the docs it read: limit 1 gave two docs, limit 3
+    the same two. Rejected records are no docs and count toward nothing."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    first = [{"text": "r0", "answer": "reject"}, {"text": "r1", "answer": "ignore"}]
+    first += [{"text": "a0"}, {"text": "a1", "answer": "accept"}]
+    srsly.write_jsonl(folder / "1.jsonl", first)
+    srsly.write_jsonl(folder / "2.jsonl", [{"text": f"b{i}"} for i in range(5)])
+    expected = ["a0", "a1", "b0", "b1", "b2", "b3", "b4"]
+    for limit in range(1, 8):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedRecordsWarning)
+            texts = [eg.reference.text for eg in LeanCorpus(folder, limit=limit)(nlp)]
+        assert texts == expected[:limit], limit
 
 
 def test_oversize_entity_warns_and_is_counted(nlp, tmp_path):

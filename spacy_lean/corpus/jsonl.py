@@ -93,15 +93,53 @@ def iter_jsonl_docs(
 def _nonblank_lines(path: Path) -> Iterator[Tuple[int, str]]:
     """(line number, line) for each non-blank line, read as text (universal line ends).
     utf-8-sig: a byte order mark (files saved by Windows tools) is not part of line 1."""
-    with Path(path).open("r", encoding="utf-8-sig") as f:
-        for i, line in enumerate(f, start=1):
-            if line.strip():
-                yield i, line
+    i = 0
+    try:
+        with Path(path).open("r", encoding="utf-8-sig") as f:
+            for i, line in enumerate(f, start=1):
+                if line.strip():
+                    yield i, line
+    except UnicodeDecodeError as err:
+        raise ValueError(_not_utf8(Path(path), err, after=i)) from None
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError, after: int) -> str:
+    """The message for a file that is not UTF-8, naming the first bad line (found
+    again in binary: text mode decodes blocks ahead of the lines it gives)."""
+    line_no, bad = after + 1, err.object[err.start : err.end]
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if n > after:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as line_err:
+                    line_no, bad = n, raw[line_err.start : line_err.end]
+                    break
+    return (
+        f"{path}:{line_no}: not valid UTF-8 (byte(s) {bad!r}). A .jsonl corpus must be UTF-8 "
+        "text: re-encode the file (e.g. `iconv -f latin1 -t utf-8`)."
+    )
 
 
 def count_jsonl_records(path: Union[str, Path]) -> int:
     """How many records `read_jsonl_lines` yields (non-blank lines), without parsing."""
     return sum(1 for _ in _nonblank_lines(Path(path)))
+
+
+def count_jsonl_docs(path: Union[str, Path], stop: Optional[int] = None) -> int:
+    """How many docs `iter_jsonl_docs` yields: the records less those answered
+    "reject" or "ignore" (only lines that mention an answer are parsed), counting no
+    further than `stop`."""
+    n = 0
+    for line_no, line in _nonblank_lines(Path(path)):
+        if stop is not None and n >= stop:
+            break
+        if "answer" in line:
+            record = _parse(path, line_no, line)
+            if isinstance(record, dict) and record.get("answer") in NOT_GOLD_ANSWERS:
+                continue
+        n += 1
+    return n
 
 
 def read_jsonl_lines(path: Path) -> Iterator[Tuple[int, dict]]:
@@ -266,7 +304,16 @@ def _triple(item: Any, where: str, field: str):
         start = end = None
     start, end = _offset(start), _offset(end)
     if start is not None and end is not None:
-        return start, end, str(label)
+        if type(label) is int:  # a numeric label, as written by some tools
+            label = str(label)
+        if not isinstance(label, str) or not label.strip():
+            # spaCy drops a span with label "" from the entities (its tokens become "O",
+            # negative training data), and null became the label "None".
+            raise ValueError(
+                f"{where}: {field} span [{start}, {end}] has the label {label!r}: each span "
+                "needs a label (a non-empty string). Fix the label, or drop the span."
+            )
+        return start, end, label
     raise ValueError(
         f'{where}: each item of "{field}" must be [start, end, label] or '
         f'{{"start", "end", "label"}} with whole-number character offsets, got {item!r}.'
@@ -281,8 +328,8 @@ def _offset(value: Any) -> Optional[int]:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value)  # not "²", which isdigit() accepts and int() does not
     return None
 
 

@@ -17,7 +17,7 @@ from ..memory import trim_host_memory
 from .lengths import WordpieceCounter
 from .docbin import docbin_add, docbin_docs
 from .shards import check_rank, default_rank_and_size, split_among
-from .sources import count_shard_docs, iter_shard_docs, list_shards
+from .sources import count_gold_docs, iter_shard_docs, list_shards
 from .split import DocSplitter, SplitStats, check_max_length
 
 logger = logging.getLogger("spacy_lean.corpus")
@@ -292,7 +292,8 @@ class LeanCorpus:
             for i, shard in enumerate(self.shards):
                 if left <= 0:
                     break
-                plan[i] = min(left, count_shard_docs(shard))
+                # Docs as read: a .jsonl file's rejected records are not docs.
+                plan[i] = count_gold_docs(shard, stop=left)
                 left -= plan[i]
             self._limit_plan = plan
         return self._limit_plan
@@ -341,9 +342,7 @@ class LeanCorpus:
         # No doc of any shard came here only when each holds fewer docs than workers
         # (or this worker's are all empty): counting them is cheap.
         counts = (
-            plan
-            if plan is not None
-            else {i: count_shard_docs(s) for i, s in enumerate(self.shards)}
+            plan if plan is not None else {i: count_gold_docs(s) for i, s in enumerate(self.shards)}
         )
         n_docs = sum(counts.values())
         if not n_docs:

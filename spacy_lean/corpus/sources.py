@@ -15,12 +15,13 @@ from spacy.training import Corpus, Example
 from spacy.vocab import Vocab
 
 from .docbin import CorruptShardError, DocBinReader
-from .jsonl import count_jsonl_records, iter_jsonl_docs
+from .jsonl import count_jsonl_docs, count_jsonl_records, iter_jsonl_docs
 
 __all__ = [
     "CorruptShardError",
     "FORMATS",
     "count_shard_docs",
+    "count_gold_docs",
     "detect_format",
     "iter_shard_docs",
     "list_shards",
@@ -168,6 +169,17 @@ def _raw_docs(
         return
     with DocBinReader(path) as reader:
         yield from reader.get_docs(vocab, *_part_bounds(len(reader), part))
+
+
+def count_gold_docs(path: Union[str, Path], stop: Optional[int] = None) -> int:
+    """How many docs reading a data file gives (`iter_shard_docs`), empty ones
+    included: a .jsonl file's records less those left out (Prodigy's "reject" and
+    "ignore"). Counts no further than `stop`."""
+    path = Path(path)
+    if detect_format(path) == "spacy":
+        n = count_shard_docs(path)
+        return n if stop is None else min(n, stop)
+    return count_jsonl_docs(path, stop)
 
 
 def count_shard_docs(path: Union[str, Path]) -> int:
