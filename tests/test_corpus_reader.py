@@ -191,6 +191,55 @@ def test_resume_rejects_other_settings(nlp, shard_dir):
     next(stream)
     with pytest.raises(ValueError, match="seed: saved 1, now 2"):
         LeanCorpus(shard_dir, shuffle=True, seed=2).stream(nlp, state=stream.state())
+    # Settings that change the pieces, listed since: a state without them still loads.
+    with pytest.raises(ValueError, match="jsonl_spans_key: saved 'sc', now 'ents'"):
+        LeanCorpus(shard_dir, shuffle=True, seed=1, jsonl_spans_key="ents").set_state(
+            stream.state()
+        )
+    older = stream.state()
+    del older["settings"]["wordpiece_tokenizer"], older["settings"]["jsonl_spans_key"]
+    LeanCorpus(shard_dir, shuffle=True, seed=1).set_state(older)
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("pos", [0, -1, 0], "pos = [0, -1, 0], expected [shard, doc, piece]"),
+        ("pos", [0, 1], "pos = [0, 1], expected"),
+        ("buffer", [[0, 0, "1"]], "buffer[0] = [0, 0, '1'], expected"),
+        ("yielded", -2, "yielded = -2"),
+    ],
+)
+def test_resume_refuses_an_edited_state_naming_the_field(nlp, shard_dir, field, value, message):
+    stream = LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=4, seed=1)(nlp)
+    next(stream)
+    state = dict(stream.state(), **{field: value})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LeanCorpus(shard_dir, shuffle=True, shuffle_buffer=4, seed=1).set_state(state)
+
+
+def test_resume_of_a_piece_the_doc_no_longer_has_names_the_change(nlp, tmp_path):
+    """A buffered piece past the pieces its doc now has (the file was rewritten with
+    the same number of docs, shorter) raised a bare IndexError; now the reader's own
+    message."""
+    path = tmp_path / "c.spacy"
+    synthetic.write_ner_corpus(path, 6, seed=3, long_doc_rate=0.5)
+    corpus = LeanCorpus(path, max_length=8, shuffle=True, shuffle_buffer=30, seed=1)
+    stream = corpus(nlp)
+    next(stream)
+    state = stream.state()
+    assert max(ref[2] for ref in state["buffer"]) > 0
+    synthetic.write_ner_corpus(path, 6, seed=3, long_doc_rate=0.0)  # shorter docs
+    resumed = LeanCorpus(path, max_length=8, shuffle=True, shuffle_buffer=30, seed=1)
+    with pytest.raises(ValueError, match="Could not restore the shuffle buffer"):
+        list(resumed.stream(nlp, state=state))
+    state["buffer"][0] = [7, 0, 0]  # a shard the corpus does not have
+    with pytest.raises(ValueError, match=r"e\.g\. \(7, 0, 0\)\) are not in the corpus"):
+        list(
+            LeanCorpus(path, max_length=8, shuffle=True, shuffle_buffer=30, seed=1).stream(
+                nlp, state=state
+            )
+        )
 
 
 @pytest.mark.parametrize("share_by", ["doc", "shard"])

@@ -174,6 +174,7 @@ class LeanCorpus:
         self.num_instances = num_instances
         self.share_by = share_by
         self.jsonl_spans_key = jsonl_spans_key
+        self.file_format = file_format
         self.epoch = 0
         self.stats = CorpusStats()
         self._splitter: Optional[DocSplitter] = None
@@ -253,6 +254,12 @@ class LeanCorpus:
             "rank": rank,
             "size": size,
             "share_by": self.share_by,
+            # They change the pieces (a state taken with them resumed elsewhere, and
+            # without a tokenizer crashed). States saved before they were listed
+            # are still read: only the settings a state names are compared.
+            "wordpiece_tokenizer": self.wordpiece_tokenizer,
+            "jsonl_spans_key": self.jsonl_spans_key,
+            "file_format": self.file_format,
         }
 
     def _check_state(self, state: Dict[str, Any]) -> None:
@@ -260,6 +267,30 @@ class LeanCorpus:
             raise ValueError(
                 f"Not a spacy-lean corpus state (version {STATE_VERSION}): {str(state)[:80]!r}."
             )
+
+        def whole(value: Any) -> bool:
+            return type(value) is int and value >= 0
+
+        def refuse(field: str, value: Any, expected: str) -> None:
+            raise ValueError(
+                f"The saved corpus state has {field} = {str(value)[:80]}, expected {expected}: "
+                "it was edited or damaged (the reader never writes that). Start the epoch "
+                "again without the state."
+            )
+
+        pos, buffer = state.get("pos"), state.get("buffer")
+        if not (isinstance(pos, list) and len(pos) == 3 and all(whole(v) for v in pos)):
+            refuse("pos", pos, "[shard, doc, piece]: three whole numbers >= 0")
+        if not isinstance(buffer, list):
+            refuse("buffer", buffer, "a list of [shard, doc, piece] references")
+        for i, ref in enumerate(buffer):
+            if not (isinstance(ref, list) and len(ref) == 3 and all(whole(v) for v in ref)):
+                refuse(f"buffer[{i}]", ref, "[shard, doc, piece]: three whole numbers >= 0")
+        for key in ("epoch", "yielded"):
+            if not whole(state.get(key, 0)):
+                refuse(key, state.get(key), "a whole number >= 0")
+        if not isinstance(state.get("settings"), dict):
+            refuse("settings", state.get("settings"), "the reader's settings (an object)")
         ours = self._fingerprint()
         diff = {k: (v, ours.get(k)) for k, v in state["settings"].items() if ours.get(k) != v}
         if diff:
@@ -433,12 +464,16 @@ class LeanCorpus:
         for u, d, k in refs:
             by_unit.setdefault(u, {}).setdefault(d, []).append(k)
         found: Dict[Ref, Doc] = {}
+        units = set(self._units())
         for u, wanted in by_unit.items():
+            if u not in units:  # a shard (or compact chunk) the corpus does not have
+                continue
             last = max(wanted)
             for d, pieces in self._unit_pieces(nlp, u, SplitStats()):
                 if d in wanted:
                     for k in wanted[d]:
-                        found[(u, d, k)] = pieces[k]
+                        if k < len(pieces):  # else the doc has fewer pieces now: missing
+                            found[(u, d, k)] = pieces[k]
                 if d >= last:
                     break
         missing = [tuple(r) for r in refs if tuple(r) not in found]
