@@ -520,7 +520,7 @@ class LeanCorpus:
             logger.info(
                 "spacy-lean.Corpus.v1 %s: %d docs (%d empty, skipped), %d split into %d "
                 "pieces (%d cuts at sentences, %d inside sentences, %d oversize pieces, "
-                "%d dependency arcs cut)",
+                "%d dependency arcs cut, %d span extension values of cut spans left out)",
                 self.path,
                 stats.docs,
                 stats.empty_docs,
@@ -530,6 +530,7 @@ class LeanCorpus:
                 stats.token_cuts,
                 stats.oversize_pieces,
                 stats.cut_arcs,
+                stats.cut_span_values,
             )
 
 
