@@ -109,6 +109,18 @@ def test_size_schedule():
     assert sum(len(b) for b in batches) == 500
 
 
+def test_a_list_of_sizes_keeps_its_last_budget():
+    """The docs allow a list: once it ran out, its StopIteration surfaced as
+    "RuntimeError: generator raised StopIteration". Its last budget now goes on."""
+    batcher = TokenBudgetBatcher(size=[50, 100], window=100, get_length=lambda x: x)
+    batches = list(batcher([10] * 400))
+    assert sum(len(b) for b in batches) == 400
+    assert max(len(b) for b in batches) == 10 and min(len(b) for b in batches) >= 5
+    assert sum(len(b) == 10 for b in batches) >= 38  # 100 went on after the list's end
+    with pytest.raises(ValueError, match="size is an empty list"):
+        list(TokenBudgetBatcher(size=[], window=100, get_length=lambda x: x)([10] * 4))
+
+
 def test_shuffle_seeded():
     items = long_tailed(400, seed=4)
     a = [[len(x) for x in b] for b in TokenBudgetBatcher(size=500, window=400, seed=1)(items)]

@@ -257,13 +257,22 @@ class _Budgets:
         self._iter = None if isinstance(size, int) else iter(size)
         self._ahead: List[int] = []
         self._last: List[int] = []
+        self._drawn: Optional[int] = None  # the latest budget drawn from `size`
 
     def peek(self, k: int) -> int:
         """The budget of the k-th batch from now."""
         if self._fixed is not None:
             return self._fixed
         while len(self._ahead) <= k:
-            self._ahead.append(int(next(self._iter)))  # type: ignore[arg-type]
+            value = next(self._iter, None)  # type: ignore[arg-type]
+            if value is None:
+                # A list ran out (a schedule does not): its last budget from then on.
+                # Before, its StopIteration ended the batcher as a RuntimeError.
+                if self._drawn is None:
+                    raise ValueError("batch_by_tokens: size is an empty list: give a budget.")
+                value = self._drawn
+            self._drawn = int(value)
+            self._ahead.append(self._drawn)
         return self._ahead[k]
 
     def consume(self, n: int) -> None:
