@@ -593,6 +593,8 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         ({"text": "y z", "entities": [[0, 1, None]]}, r"has the label None"),
         ({"text": "y z", "spans": [[0, 1, " "]]}, r"spans span \[0, 1\] has the label ' '"),
         ({"text": "y z", "entities": [["0", "\u00b2", "X"]]}, r"whole-number character offsets"),
+        ({"text": "y z", "entities": [], "missing": [[0, 1], [0, 1]]}, r"missing spans .* overlap"),
+        ({"text": "y z", "tokens": []}, r'"tokens" is an empty list'),
     ],
     ids=[
         "token-without-text",
@@ -610,6 +612,8 @@ def test_bad_jsonl_names_line(nlp, tmp_path):
         "label-null",
         "label-blank-span",
         "offset-superscript",
+        "missing-twice",
+        "tokens-empty",
     ],
 )
 def test_malformed_jsonl_record_names_the_line(nlp, tmp_path, record, message):

@@ -142,3 +142,21 @@ def test_shard_a_corrupt_input_leaves_no_partial_shards(tmp_path):
     )
     assert result.exit_code == 1 and "bad.jsonl:4" in flat(result)
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]
+
+
+def test_shard_an_empty_or_mixed_input_leaves_nothing_and_says_what_to_do(tmp_path):
+    """A .spacy file of 0 docs left an empty output folder; a folder of both kinds
+    pointed at the reader's file_format setting, which this command does not have."""
+    DocBin().to_disk(tmp_path / "empty.spacy")
+    result = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "empty.spacy"), str(tmp_path / "o")]
+    )
+    assert result.exit_code == 0 and "nothing written" in flat(result)
+    assert not (tmp_path / "o").exists()
+    mixed = tmp_path / "mixed"
+    synthetic.write_ner_corpus(mixed / "a.spacy", 2, seed=1)
+    srsly.write_jsonl(mixed / "b.jsonl", [{"text": "x"}])
+    result = runner.invoke(app, ["lean", "shard", str(mixed), str(tmp_path / "p")])
+    assert result.exit_code == 1 and "file_format" not in flat(result)
+    assert "holds both .spacy and .jsonl files: give the path of one file" in flat(result)
+    assert not (tmp_path / "p").exists()

@@ -38,7 +38,13 @@ def shard_cli(
             progress=True,
         )
     except (FileNotFoundError, ValueError) as err:
-        msg.fail(str(err), exits=1)
+        text = str(err)
+        if "file_format" in text:  # the reader's setting: this command has none
+            text = (
+                f"'{input_path}' holds both .spacy and .jsonl files: give the path of one "
+                "file, or of a folder holding one kind (shard each kind on its own)."
+            )
+        msg.fail(text, exits=1)
     if not written:
         msg.warn(f"No docs in '{input_path}': nothing written.")
     else:

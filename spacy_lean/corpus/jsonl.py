@@ -172,6 +172,12 @@ def doc_from_record(
         )
     text = record["text"]
     tokens = record.get("tokens")
+    if tokens == [] and text:
+        raise ValueError(
+            f'{where}: "tokens" is an empty list, which cannot reproduce the text '
+            f'{text[:60]!r}. Give the record\'s tokens, or drop "tokens" to use the '
+            "pipeline's tokenizer."
+        )
     if tokens:
         if not isinstance(tokens, list) or not all(
             isinstance(t, dict) and isinstance(t.get("text"), str) for t in tokens
@@ -215,6 +221,14 @@ def doc_from_record(
             'is missing already. Add "entities" (an empty list if there are none; or "spans" '
             'read as entities, jsonl_spans_key = "ents"), or drop "missing".'
         )
+    for i, span in enumerate(missing):
+        for other in missing[:i]:
+            if span.start < other.end and other.start < span.end:
+                raise ValueError(
+                    f"{where}: the missing spans [{other.start_char}, {other.end_char}] and "
+                    f"[{span.start_char}, {span.end_char}] overlap. List each run of tokens "
+                    'without annotation once in "missing".'
+                )
     if ents is not None:
         for span in missing:
             for ent in ents:

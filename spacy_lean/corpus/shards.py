@@ -137,6 +137,8 @@ def write_shards(
     finally:
         if bar is not None:
             bar.close()
+    if not written and made_dir:
+        _remove_partial(written, output_dir, prefix, made_dir)  # no docs: no empty folder
     return written
 
 
