@@ -178,6 +178,16 @@ def resolve_max_batch_tokens(nlp: Language, max_batch_tokens: Optional[int] = No
     return check_max_batch_tokens(max_batch_tokens)
 
 
+def check_window_size(value: Any) -> int:
+    """Validate a read-ahead window given by a user (examples; 0 keeps the order).
+
+    RETURNS (int): the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"window_size must be >= 0, got {value}. Use 0 to keep the input order.")
+    return value
+
+
 def check_max_batch_tokens(value: Any) -> int:
     """Validate a padded-token budget given by a user.
 
@@ -310,10 +320,7 @@ class StreamingEvaluator:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         if window_size is None:
             window_size = DEFAULT_WINDOW_BATCHES * batch_size
-        if window_size < 0:
-            raise ValueError(
-                f"window_size must be >= 0, got {window_size}. Use 0 to keep the input order."
-            )
+        check_window_size(window_size)
         self.nlp = nlp
         self.batch_size = batch_size
         self.sort_window = window_size > 1
@@ -629,6 +636,8 @@ def make_streaming_evaluate_v1(
     """
     if max_batch_tokens is not None:
         check_max_batch_tokens(max_batch_tokens)
+    if window_size is not None:  # checked when the config is read, not at the first evaluation
+        check_window_size(window_size)
     check_trim_slack_mb(trim_slack_mb)
 
     def after_pipeline_creation(nlp: Language) -> Language:

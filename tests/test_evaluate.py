@@ -266,6 +266,14 @@ def test_default_budget_comes_from_the_transformer(trf_ner_nlp):
     assert resolve_max_batch_tokens(spacy.blank("en")) == DEFAULT_MAX_BATCH_TOKENS
 
 
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_bad_window_is_refused_when_the_callback_is_made(bad):
+    """A negative window_size passed the config and failed at the first evaluation, in
+    `spacy train` after the first eval_frequency steps."""
+    with pytest.raises(ValueError, match=f"window_size must be >= 0, got {bad}"):
+        make_streaming_evaluate_v1(window_size=bad)
+
+
 @pytest.mark.parametrize("bad", [0, -5, 2.5, "4096", True])
 def test_bad_budget_is_a_clear_error(trf_ner_nlp, bad):
     with pytest.raises(ValueError, match=f"max_batch_tokens must be .* got {bad!r}"):
