@@ -611,3 +611,32 @@ def test_saved_roc_counts_are_checked_as_they_load(data, field):
     with pytest.raises(StateFieldError) as err:
         ScoreCounts.from_list(data)
     assert err.value.field == field
+
+
+def test_slim_examples_from_a_checkpoint_are_checked_before_they_inflate():
+    """A custom scorer's slim examples travel in a checkpoint as a base64 DocBin, which
+    DocBin.from_bytes inflated whole: 10 KB of zlib made 10 MB (and 1 MB, a GB)."""
+    import base64
+    import zlib
+
+    from spacy.tokens import DocBin
+
+    from spacy_lean.scoring.base import StateFieldError
+    from spacy_lean.scoring.pipeline import SlimExamplesState
+
+    nlp = spacy.blank("en")
+    state = SlimExamplesState(lambda examples: {}, nlp.vocab)
+    good = DocBin(docs=[nlp("A short doc.")]).to_bytes()
+    data = {"kind": "slim_examples", "predicted": base64.b64encode(good).decode()}
+    data["reference"] = data["predicted"]
+    assert len(state.load_dict(data).examples) == 1
+    bomb = base64.b64encode(zlib.compress(b"\0" * 10**7, 9)).decode()
+    for field, value, needle in (
+        ("predicted", bomb, "inflates to at most 200 times its size"),
+        ("reference", "not base64!", "a DocBin as base64 text"),
+        ("reference", 5, "a DocBin as base64 text"),
+        ("reference", base64.b64encode(zlib.compress(b"junk")).decode(), "a DocBin spaCy can"),
+    ):
+        with pytest.raises(StateFieldError, match=needle) as err:
+            state.load_dict(dict(data, **{field: value}))
+        assert err.value.field == field

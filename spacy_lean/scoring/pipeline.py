@@ -4,6 +4,7 @@ plus `speed`, i.e. of what `nlp.evaluate` returns."""
 import base64
 import hashlib
 import warnings
+import zlib
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy
@@ -108,8 +109,8 @@ class SlimExamplesState(ScoreState):
 
     def load_dict(self, data: Dict[str, Any]) -> "SlimExamplesState":
         self._check_kind(data)
-        pred = DocBin().from_bytes(base64.b64decode(data["predicted"]))
-        ref = DocBin().from_bytes(base64.b64decode(data["reference"]))
+        pred = _docbin_from_json(data.get("predicted"), "predicted")
+        ref = _docbin_from_json(data.get("reference"), "reference")
         self.examples = [
             Example(p, r) for p, r in zip(pred.get_docs(self.vocab), ref.get_docs(self.vocab))
         ]
@@ -123,6 +124,35 @@ def release_activations(doc: Doc) -> None:
             doc._.set(name, None)
     if getattr(doc.tensor, "size", 0):
         doc.tensor = numpy.zeros((0,), dtype="float32")
+
+
+# A saved DocBin may inflate to at most this many times its size (plus 1 MB): zlib can
+# inflate a few KB to GBs, and DocBin.from_bytes inflates it whole. DocBins of docs
+# compress 3-20 times.
+_MAX_INFLATION = 200
+
+
+def _docbin_from_json(value: Any, field: str) -> DocBin:
+    """A DocBin saved as base64 text, checked before it is inflated and decoded."""
+    if not isinstance(value, str):
+        raise StateFieldError(field, value, "a DocBin as base64 text")
+    try:
+        raw = base64.b64decode(value, validate=True)
+        inflater = zlib.decompressobj()
+        inflater.decompress(raw, _MAX_INFLATION * len(raw) + 2**20)
+        too_large = bool(inflater.unconsumed_tail)
+    except (ValueError, zlib.error):
+        raise StateFieldError(field, value[:40], "a DocBin as base64 text") from None
+    if too_large:
+        raise StateFieldError(
+            field,
+            f"{len(raw):,} bytes",
+            f"a DocBin that inflates to at most {_MAX_INFLATION} times its size",
+        )
+    try:
+        return DocBin().from_bytes(raw)
+    except Exception as err:
+        raise StateFieldError(field, type(err).__name__, "a DocBin spaCy can read") from None
 
 
 class EntityLinkerGoldEntsState(ScoreState):
