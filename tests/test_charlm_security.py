@@ -298,13 +298,16 @@ _RAW = {
 @pytest.mark.parametrize("case", sorted(_RAW))
 def test_hand_written_opcodes_are_refused(tmp_path, marker, case, fmt):
     body, needle = _RAW[case]
+    _refused(_hand_written(tmp_path / f"{case}.pt", body, fmt), needle)
+
+
+def _hand_written(path: Path, body: bytes, fmt: str, keys=("0",)) -> Path:
+    """A protocol-2 pickle `body` in a torch file of format `fmt` (zip or legacy, whose
+    trailing record lists the storage `keys`)."""
     data = b"\x80\x02" + body
-    path = tmp_path / f"{case}.pt"
     if fmt == "zip":
-        _zip_file(path, data)
-    else:
-        _legacy_file(path, data)
-    _refused(path, needle)
+        return _zip_file(path, data)
+    return _legacy_file(path, data, keys=keys)
 
 
 # Pickles whose objects share parts through the memo (or DUP), so that a file of a few
@@ -353,13 +356,8 @@ def test_shared_structure_bombs_are_refused_at_once(tmp_path, case, fmt):
     printed in a refusal took from seconds to forever; shared lists unpickled to a
     result no caller could print. Each is refused while the file is read."""
     body, needle = _SHARED[case]
-    data = b"\x80\x02" + body
-    path = tmp_path / f"{case}.pt"
-    if fmt == "zip":
-        _zip_file(path, data)
-    else:
-        _legacy_file(path, data, keys=())  # no storages
-    pickletools.dis(data, out=io.StringIO())  # well-formed: refused for its shape alone
+    path = _hand_written(tmp_path / f"{case}.pt", body, fmt, keys=())  # no storages
+    pickletools.dis(b"\x80\x02" + body, out=io.StringIO())  # well-formed: refused for its shape
     _refused(path, needle)
 
 
