@@ -194,6 +194,14 @@ def test_component_errors(docs):
     nlp = spacy.blank("en")
     with pytest.raises(ValueError, match="store must be a valid extension name"):
         nlp.add_pipe("char_lm", name="bad", config={"store": "not valid"})
+    # An extension with a getter (or a method) would drop the vectors in silence:
+    # doc._.set writes user_data, which the getter never reads.
+    if not Doc.has_extension("charlm_with_getter"):
+        Doc.set_extension("charlm_with_getter", getter=lambda doc: "computed")
+    with pytest.raises(ValueError, match="already registered with a getter"):
+        nlp.add_pipe("char_lm", name="getter", config={"store": "charlm_with_getter"})
+    with pytest.raises(ValueError, match="names a method of spaCy's doc._ namespace"):
+        nlp.add_pipe("char_lm", name="method", config={"store": "set"})
     nlp.add_pipe("char_lm")
     with pytest.raises(ValueError, match="no language models to load"):
         nlp(docs[0])

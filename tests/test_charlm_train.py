@@ -182,6 +182,31 @@ def test_resume_errors(text_file, tmp_path):
         train_charlm([text_file], tmp_path / "x", optimizer="lamb", **TINY)
 
 
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"lr": 0.0}, "lr must be a finite number > 0, got 0.0"),
+        ({"clip": -1.0}, "clip must be a finite number >= 0 (0 turns clipping off), got -1.0"),
+        ({"seed": -1}, "seed must be a whole number >= 0, got -1"),
+        ({"batch_size": 0}, "batch_size and bptt must be >= 1, got 0 and 30"),
+        ({"nout": 0}, "nout must be >= 1 (or None: no projection), got 0"),
+        ({"bptt": 3_000_000}, "ids a batch, more than 10,000,000"),
+        ({"min_char_count": 10**9}, "keeps no character of the training text"),
+    ],
+)
+def test_settings_a_resume_would_refuse_are_refused_before_training(
+    text_file, tmp_path, settings, message
+):
+    """Each was trained, saved, and then refused by --resume as an "edited or damaged"
+    state (lr 0, clip -1, a huge bptt), or by every load (nout 0); a batch size of 0
+    divided by zero; a min_char_count above every count trained a model of <unk> alone.
+    Now each stops before anything is written."""
+    with pytest.raises(ValueError) as err:
+        train_charlm([text_file], tmp_path / "run", max_steps=2, **dict(TINY, **settings))
+    assert message in str(err.value)
+    assert not (tmp_path / "run" / MODEL_FILE).exists()
+
+
 def test_a_model_from_another_save_is_not_resumed(text_file, tmp_path):
     """lm.pt and training_state.pt are renamed one after the other: a run stopped
     between the two renames leaves a model and a state of different saves, which must

@@ -79,6 +79,22 @@ class CharLMComponent(Pipe):
             )
         if store != "tensor" and not store.isidentifier():
             raise ValueError(f"store must be a valid extension name, got {store!r}")
+        if store in ("set", "get", "has"):  # doc._.set is spaCy's method, not a value
+            raise ValueError(
+                f"store = {store!r} names a method of spaCy's doc._ namespace: choose another "
+                "extension name."
+            )
+        if store != "tensor" and Doc.has_extension(store):
+            default, method, getter, setter = Doc.get_extension(store)
+            if method is not None or (getter is not None and setter is None):
+                # doc._.set would write user_data, which the getter (or method) ignores:
+                # the vectors were lost without a word.
+                raise ValueError(
+                    f"store = {store!r}: the Doc extension '{store}' is already registered with "
+                    f"a {'method' if method is not None else 'getter'}, so vectors stored there "
+                    "could not be read back. Choose another name, or register it with a "
+                    "default (Doc.set_extension(name, default=None))."
+                )
         self.store = store
         self.cfg["store"] = store
         if store != "tensor" and not Doc.has_extension(store):

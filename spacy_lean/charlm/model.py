@@ -158,6 +158,9 @@ class CharLM(nn.Module):
                 "hidden_size, nlayers and embedding_size must be >= 1, got "
                 f"{hidden_size}, {nlayers}, {embedding_size}"
             )
+        if nout is not None and (type(nout) is not int or nout < 1):
+            # A saved model with nout 0 is refused when loaded: refused here, before training.
+            raise ValueError(f"nout must be >= 1 (or None: no projection), got {nout}")
         if len(dictionary) == 0:
             raise ValueError("The character dictionary is empty.")
         self.dictionary = dictionary

@@ -228,6 +228,16 @@ def train_charlm(
     output_dir = Path(output_dir)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}.")
+    # What a training state may hold is checked on --resume (`_check_resume_state`): a
+    # run is refused here what its resume would refuse.
+    if not (type(lr) in (int, float) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr}.")
+    if not (type(clip) in (int, float) and math.isfinite(clip) and clip >= 0):
+        raise ValueError(f"clip must be a finite number >= 0 (0 turns clipping off), got {clip}.")
+    if type(seed) is not int or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed}.")
+    if type(batch_size) is not int or batch_size < 1 or type(bptt) is not int or bptt < 1:
+        raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}.")
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps}.")
     if checkpoint_every < 0 or log_every < 1:
@@ -390,7 +400,22 @@ class _Trainer:
                 )
         batch_size = loader_kwargs["batch_size"]
         loader_settings = dict(bptt=loader_kwargs["bptt"], randomize=loader_kwargs["randomize"])
-        if state is not None:
+        if state is None:
+            if len(dictionary) < 2:  # only <unk>: every character would be unknown
+                raise ValueError(
+                    f"min_char_count = {min_char_count} keeps no character of the training "
+                    f"text ({_names(texts)}): each appears fewer times. Lower "
+                    "--min-char-count (default 1)."
+                )
+            limit = max(len(encoded), _MAX_BATCH_IDS)
+            per_batch = loader_kwargs["bptt"] * batch_size * dist.world_size
+            if per_batch > limit:
+                raise ValueError(
+                    f"bptt x batch size x workers = {per_batch:,} ids a batch, more than "
+                    f"{limit:,} (the text's length, or 10 million if more): no sequence is "
+                    "longer than the text. Lower --bptt or --batch-size."
+                )
+        else:
             _check_resume_state(state, output_dir / STATE_FILE, len(encoded), model)
             batch_size = CharLMLoader.batch_size_for(state["loader"], dist.world_size)
             saved = state["config"]

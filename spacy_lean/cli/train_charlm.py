@@ -84,6 +84,8 @@ def train_charlm_cli(
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     if threads is not None:
+        if threads < 1:
+            msg.fail(f"--threads must be >= 1, got {threads}.", exits=1)
         torch.set_num_threads(threads)
     try:
         dictionary = CharLM.load(dictionary_from).dictionary if dictionary_from else None
