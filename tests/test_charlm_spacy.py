@@ -3,6 +3,7 @@ and the memory they keep (weakref release tests)."""
 
 import gc
 import json
+import re
 import shutil
 import weakref
 from pathlib import Path
@@ -480,3 +481,20 @@ def test_component_on_messy_docs_pipe_batch_size_1_and_all_empty(lm_paths):
     assert [d._.charlm_messy.shape for d in docs] == [(0, 128)] * 3
     out = list(nlp.pipe([("", 0), ("\n\n", 1)], as_tuples=True))
     assert [(d._.charlm_messy.shape, i) for d, i in out] == [((0, 128), 0), ((1, 128), 1)]
+
+
+@pytest.mark.parametrize(
+    "setting,value,message",
+    [
+        ("threads", 0, "threads must be a whole number >= 1 or null, got 0"),
+        ("threads", True, "threads must be a whole number >= 1 or null, got True"),
+        ("batch_size", True, "batch_size must be a whole number >= 1, got True"),
+        ("batch_size", 0, "batch_size must be a whole number >= 1, got 0"),
+    ],
+)
+def test_layer_settings_are_checked_when_it_is_built(setting, value, message):
+    """threads = 0 was refused only at the first call; true passed as 1."""
+    from spacy_lean.charlm.layer import build_charlm_embed_v1
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_charlm_embed_v1(**{setting: value})

@@ -198,8 +198,11 @@ def build_charlm_embed_v1(
         concurrent=concurrent,
         max_chunk_chars=max_chunk_chars,
     )
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size}")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        # Checked when the model is built, as batch_size is (it was at the first call).
+        raise ValueError(f"threads must be a whole number >= 1 or null, got {threads}")
     check_max_chunk_chars(max_chunk_chars)
     wrapper = PyTorchWrapper_v3(
         CharLMPair(fine_tune=fine_tune, embedder_settings=settings),
