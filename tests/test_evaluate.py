@@ -270,8 +270,12 @@ def test_default_budget_comes_from_the_transformer(trf_ner_nlp):
 def test_bad_window_is_refused_when_the_callback_is_made(bad):
     """A negative window_size passed the config and failed at the first evaluation, in
     `spacy train` after the first eval_frequency steps."""
+    from spacy_lean.training.callbacks import make_lean_training_v1
+
     with pytest.raises(ValueError, match=f"window_size must be >= 0, got {bad}"):
         make_streaming_evaluate_v1(window_size=bad)
+    with pytest.raises(ValueError, match=f"window_size must be >= 0, got {bad}"):
+        make_lean_training_v1(eval_window_size=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -5, 2.5, "4096", True])

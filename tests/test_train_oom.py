@@ -277,8 +277,12 @@ def test_policy_settings_and_round_trip():
     assert again.to_dict() == policy.to_dict()
     off = UpdatePolicy.from_dict({**policy.to_dict(), "trim_heap_slack_mb": None})
     assert off.trim_heap_slack_mb is None
-    with pytest.raises(ValueError, match="trim_heap_slack_mb must be >= 0"):
-        UpdatePolicy(trim_heap_slack_mb=-1)
+    for bad in (-1, float("inf"), float("nan"), "8"):
+        # inf and NaN passed, then crashed in the first update's int(slack * 2**20)
+        with pytest.raises(ValueError, match="trim_heap_slack_mb must be a finite number >= 0"):
+            UpdatePolicy(trim_heap_slack_mb=bad)
+    with pytest.raises(ValueError, match="max_padded_tokens must be a positive.*got '4096'"):
+        UpdatePolicy(max_padded_tokens="4096")  # a raw TypeError from `<` before
 
 
 def test_updates_give_freed_host_memory_back(pipeline_dir, batches):
@@ -827,3 +831,22 @@ def test_real_cuda_out_of_memory_is_split(tmp_path):
     result = run_oom_benchmark(tmp_path)
     assert not result["cpu_check"] and result["training"]["cap_mb"] > 0
     check_oom_benchmark(result)
+
+
+def test_running_out_on_only_empty_docs_says_what_ran_out(pipeline_dir):
+    """A micro-batch of only empty docs that runs out of memory was reported as "one
+    doc alone ... 0 tokens long ... Split long docs": there is nothing of theirs to
+    split, what ran out is the memory beside the batch."""
+    nlp = fresh(pipeline_dir, limit=-1)  # the probe runs out whatever the size
+
+    def example(text):
+        return Example(nlp.make_doc(text), annotate([nlp.make_doc(text)])[0])
+
+    losses = {"ner": 1.0}
+    with pytest.raises(BatchTooLargeError, match=r"updating 2 empty doc\(s\) \(no tokens\)"):
+        lean_update(nlp, [example(""), example("")], losses=losses, policy=UpdatePolicy())
+    assert losses == {"ner": 1.0}
+    with pytest.raises(
+        BatchTooLargeError, match="one doc alone: doc 1 of a batch of 2, 1 token long"
+    ):
+        lean_update(nlp, [example(""), example(" \n ")], policy=UpdatePolicy())

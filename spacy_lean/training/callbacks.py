@@ -12,7 +12,12 @@ from spacy.util import registry
 from thinc.api import Optimizer
 
 from ..memory import DEFAULT_TRIM_SLACK_MB
-from ..streaming import check_max_batch_tokens, check_trim_slack_mb, install_streaming_evaluate
+from ..streaming import (
+    check_max_batch_tokens,
+    check_trim_slack_mb,
+    check_window_size,
+    install_streaming_evaluate,
+)
 from .update import UpdatePolicy, lean_update
 
 CALLBACK_NAME = "spacy-lean.lean_training.v1"
@@ -141,6 +146,8 @@ def make_lean_training_v1(
     UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
     if eval_max_batch_tokens is not None:
         check_max_batch_tokens(eval_max_batch_tokens)
+    if eval_window_size is not None:
+        check_window_size(eval_window_size)
     check_trim_slack_mb(eval_trim_slack_mb)
     given = {
         "eval_window_size": eval_window_size,

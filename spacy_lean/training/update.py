@@ -32,6 +32,7 @@ docs longer than half of it.
 """
 
 import gc
+import math
 import sys
 import warnings
 from contextlib import nullcontext
@@ -145,14 +146,19 @@ class UpdatePolicy:
     _trimmer: Optional[HeapTrimmer] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_padded_tokens is not None and self.max_padded_tokens < 1:
+        ceiling = self.max_padded_tokens
+        if ceiling is not None and (type(ceiling) is not int or ceiling < 1):
             raise ValueError(
                 f"max_padded_tokens must be a positive number of padded tokens, got "
-                f"{self.max_padded_tokens}. Use null (None) for no ceiling."
+                f"{ceiling!r}. Use null (None) for no ceiling."
             )
-        if self.trim_heap_slack_mb is not None and self.trim_heap_slack_mb < 0:
+        slack = self.trim_heap_slack_mb
+        if slack is not None and (
+            type(slack) not in (int, float) or not math.isfinite(slack) or slack < 0
+        ):
             raise ValueError(
-                f"trim_heap_slack_mb must be >= 0 (MB), got {self.trim_heap_slack_mb}. Use "
+                f"trim_heap_slack_mb must be a finite number >= 0 (MB), got "
+                f"{self.trim_heap_slack_mb!r}. Use "
                 "0 to trim before every update, null (None) never to trim."
             )
 
@@ -552,13 +558,23 @@ def lean_update(
             # Empty docs ride along with the last micro-batch: they cannot be the cause.
             failed = [i for i in progress["group"] if lengths[i] > 0] or progress["group"]
             policy.oom_errors += 1
-            if len(failed) == 1 or lengths[failed[0]] == 0:
+            if lengths[failed[0]] == 0:  # only empty docs: nothing of theirs to split
+                _undo(state, losses, saved_losses)
+                raise BatchTooLargeError(
+                    f"Out of memory updating {len(failed)} empty doc(s) (no {policy.unit}) of "
+                    f"a batch of {len(examples)}: what ran out is not the batch's own memory "
+                    "but what was left beside it (the model, its optimizer state, other "
+                    "processes on the GPU). Use less memory per step (mixed precision, a "
+                    "smaller model) or free the GPU."
+                ) from err
+            if len(failed) == 1:
                 _undo(state, losses, saved_losses)
                 i = failed[0]
                 text = examples[i].predicted.text
+                unit = policy.unit if lengths[i] != 1 else policy.unit.rstrip("s")
                 raise BatchTooLargeError(
                     f"Out of memory updating on one doc alone: doc {i} of a batch of "
-                    f"{len(examples)}, {lengths[i]} {policy.unit} long (starts "
+                    f"{len(examples)}, {lengths[i]} {unit} long (starts "
                     f"{text[:60]!r}). It cannot be split further. Split long docs before "
                     "training: spacy-lean.Corpus.v1's max_length does it without losing "
                     "annotation (e.g. --corpora.train.max_length 128); or use less memory "
@@ -593,14 +609,16 @@ def lean_update(
     if retried:
         policy.oom_splits += 1
         if policy.learn(padded, limit):
+            largest = max(padded_size([lengths[i] for i in group]) for group in groups)
+            alone = f" (a doc longer than that alone: {largest:,})" if largest > limit else ""
             policy.warn_once(
                 f"learned:{_bucket(padded)}:{limit}",
                 f"Out of memory on a batch of {len(examples)} docs ({padded:,} padded "
                 f"{policy.unit}, longest {max(lengths)}): updated it in {n_micro} "
-                f"micro-batches of at most {limit:,} padded {policy.unit} with the gradients "
-                f"accumulated (the same update). Batches of up to {_bucket(padded):,} padded "
-                f"{policy.unit} are split this way from now on. Set max_padded_tokens to "
-                "split before running out.",
+                f"micro-batches of at most {limit:,} padded {policy.unit}{alone} with the "
+                "gradients accumulated (the same update). Batches of more than "
+                f"{_bucket(padded) // 2:,} padded {policy.unit} are split this way from now "
+                "on. Set max_padded_tokens to split before running out.",
             )
     for key, value in losses.items():  # numpy scalars (ner's loss) to floats
         losses[key] = float(value)
