@@ -104,10 +104,21 @@ def _load_worker_pipeline(settings: WorkerSettings, gpu_id: Optional[int] = None
     return nlp
 
 
-def _init_process_worker(settings: WorkerSettings, gpu_queue) -> None:
+def _init_process_worker(settings: WorkerSettings, gpu_queue, started=None) -> None:
     gpu_id = gpu_queue.get() if gpu_queue is not None else None
     _WORKER["gpu_id"] = gpu_id
+    _WORKER["started"] = started
     _load_worker_pipeline(settings, gpu_id)
+
+
+def _evaluate_unit_in_pool(unit: EvalUnit, settings: WorkerSettings) -> UnitResult:
+    """`evaluate_unit` in a process pool's worker, which first tells the parent that
+    this unit started: when a worker dies, the pool fails every unit it had not
+    finished, and only the started ones can be the cause."""
+    started = _WORKER.get("started")
+    if started is not None:
+        started.put(unit.index)  # a pipe write, done before the unit can crash the process
+    return evaluate_unit(unit, settings)
 
 
 def evaluate_unit(
@@ -211,8 +222,9 @@ def _check_retries(
     failed = [u for u in units if attempts[u.index] > max_retries]
     if failed:
         names = ", ".join(u.describe() for u in failed)
+        times = f"{max_retries + 1} time{'s' if max_retries else ''}"
         raise WorkerDiedError(
-            f"Workers died {max_retries + 1} times while evaluating {names} ({why}). Look "
+            f"Workers died {times} while evaluating {names} ({why}). Look "
             "for the cause in the worker's output (out of memory? a crash in a component?), "
             "or raise --max-retries."
         )
@@ -229,6 +241,7 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
     attempts: Dict[int, int] = {}
     n_workers = min(workers, len(pending)) or 1
     while pending:
+        started = ctx.SimpleQueue()  # the units a worker began (see _evaluate_unit_in_pool)
         gpu_queue = None
         if gpu_ids:
             gpu_queue = ctx.Queue()
@@ -238,12 +251,13 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
             max_workers=n_workers,
             mp_context=ctx,
             initializer=_init_process_worker,
-            initargs=(settings, gpu_queue),
+            initargs=(settings, gpu_queue, started),
         )
         broken = None
         try:
             futures = {
-                executor.submit(evaluate_unit, unit, settings): unit for unit in pending.values()
+                executor.submit(_evaluate_unit_in_pool, unit, settings): unit
+                for unit in pending.values()
             }
             for future in as_completed(futures):
                 unit = futures[future]
@@ -265,10 +279,18 @@ def _run_processes(units, settings, workers, gpu_ids, max_retries, on_result, on
             executor.shutdown(wait=True, cancel_futures=True)
         if pending:
             retry = sorted(pending.values(), key=lambda u: u.index)
-            why = f"a worker process died: {broken}" if broken else "a worker process died"
-            _check_retries(attempts, retry, max_retries, why)
+            began = set()
+            while not started.empty():
+                began.add(started.get())
+            # A broken pool fails every unit it had not finished, those still queued
+            # too: only the units that had started (the one that crashed its worker,
+            # and any running beside it) are charged an attempt and named.
+            suspects = [u for u in retry if u.index in began] or retry
+            died = f"a worker process died: {broken}" if broken else "a worker process died"
+            _check_retries(attempts, suspects, max_retries, died)
             if on_retry is not None:
-                on_retry(retry, why)
+                names = ", ".join(u.describe() for u in suspects)
+                on_retry(retry, f"{died} (while evaluating {names})")
     return results
 
 

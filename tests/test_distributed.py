@@ -150,6 +150,21 @@ def test_dead_worker_is_retried_and_counted_once(model_dir, code_file, shard_dir
     assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))
 
 
+def test_a_dead_worker_is_blamed_on_the_unit_it_ran(model_dir, code_file, shard_dir, tmp_path):
+    """A worker that dies breaks the pool, which fails every unit it had not finished,
+    the queued ones too: each was charged a retry and named as the cause ("while
+    evaluating dev-0.spacy, dev-1.spacy, dev-2.spacy"). Only the unit that had started
+    is, and "1 time" is singular."""
+    model = with_crash_once(model_dir, code_file, tmp_path / "crashed", tmp_path / "model")
+    with pytest.raises(WorkerDiedError) as info:
+        evaluate_distributed(
+            model, list_shards(shard_dir), workers=1, max_retries=0, code_path=code_file
+        )
+    text = str(info.value)
+    assert "Workers died 1 time while evaluating dev-0.spacy (a worker" in text, text
+    assert "dev-1.spacy" not in text and "dev-2.spacy" not in text
+
+
 @pytest.mark.slow
 def test_worker_that_keeps_dying_fails_with_a_message(model_dir, code_file, shard_dir, tmp_path):
     model = with_crash_once(model_dir, code_file, tmp_path / "crashed", tmp_path / "model")
@@ -532,5 +547,9 @@ def test_sigterm_with_workers_keeps_the_finished_shards_and_resumes(
     result = CliRunner().invoke(app, args + ["-o", str(out)])
     assert result.exit_code == 0, result.output
     assert f"{len(kept['units'])} of" in result.output  # "Resuming ...: k of n shards"
+    # The rerun's count and rate are its own (it claimed every example before).
+    before = sum(unit["n_examples"] for unit in kept["units"].values())
+    text = " ".join(result.output.split())
+    assert f"Evaluated {15 - before} examples in" in text and f"; {before} more before" in text
     expected = single_process(model_dir, shard_dir)
     assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))

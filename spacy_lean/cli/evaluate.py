@@ -311,6 +311,8 @@ def evaluate_streaming_cli(
             exits=1,
         )
     before = int(resumed.get("n_examples") or 0) if resumed else 0
+    if resumed and resumed.get("units"):  # --workers: the finished units hold the counts
+        before = sum(int(unit.get("n_examples", 0)) for unit in resumed["units"].values())
     if resumed and resumed.get("done"):
         msg.good(f"All {n_examples} examples were evaluated by an earlier run ({checkpoint})")
     elif before:
