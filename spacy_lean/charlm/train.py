@@ -26,7 +26,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.nn import functional as F
@@ -228,14 +228,11 @@ def train_charlm(
     output_dir = Path(output_dir)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}.")
-    # What a training state may hold is checked on --resume (`_check_resume_state`): a
-    # run is refused here what its resume would refuse.
-    if not (type(lr) in (int, float) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr}.")
-    if not (type(clip) in (int, float) and math.isfinite(clip) and clip >= 0):
-        raise ValueError(f"clip must be a finite number >= 0 (0 turns clipping off), got {clip}.")
-    if type(seed) is not int or seed < 0:
-        raise ValueError(f"seed must be a whole number >= 0, got {seed}.")
+    # A run is refused here what its resume would refuse (`_check_resume_state`).
+    for key, value in (("lr", lr), ("clip", clip), ("seed", seed)):
+        ok, expected = _SETTING_CHECKS[key]
+        if not ok(value):
+            raise ValueError(f"{key} must be {expected}, got {value}.")
     if type(batch_size) is not int or batch_size < 1 or type(bptt) is not int or bptt < 1:
         raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}.")
     if max_steps is not None and max_steps < 0:
@@ -407,7 +404,7 @@ class _Trainer:
                     f"text ({_names(texts)}): each appears fewer times. Lower "
                     "--min-char-count (default 1)."
                 )
-            limit = max(len(encoded), _MAX_BATCH_IDS)
+            limit = _batch_ids_limit(len(encoded))
             per_batch = loader_kwargs["bptt"] * batch_size * dist.world_size
             if per_batch > limit:
                 raise ValueError(
@@ -670,9 +667,33 @@ class _Trainer:
         self.dist.barrier()
 
 
-# The most memory a training state may make the loader allocate beyond the text itself:
-# bptt x streams ids per batch (Flair's defaults, 250 x 100, are 25,000).
+# The most memory a run (or a training state) may make the loader allocate beyond the
+# text itself: bptt x streams ids per batch (Flair's defaults, 250 x 100, are 25,000).
 _MAX_BATCH_IDS = 10_000_000
+
+
+def _batch_ids_limit(n_chars: int) -> int:
+    """The most ids a batch may hold: the text's length, or 10 million if more."""
+    return max(n_chars, _MAX_BATCH_IDS)
+
+
+def _whole(value: Any, low: int = 0) -> bool:
+    return type(value) is int and value >= low
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+# The settings a run takes and its training state keeps: (check, what it expects),
+# used before a run starts and on --resume.
+_SETTING_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "lr": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "clip": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0 turns clipping off)"),
+    "seed": (_whole, "a whole number >= 0"),
+    "bptt": (lambda v: _whole(v, 1), "a whole number >= 1"),
+    "randomize": (lambda v: type(v) is bool, "true or false"),
+}
 
 
 def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: CharLM) -> None:
@@ -688,12 +709,6 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
             "train again without --resume (into another output folder to keep this one)."
         )
 
-    def whole(value: Any, low: int = 0) -> bool:
-        return type(value) is int and value >= low
-
-    def number(value: Any) -> bool:
-        return type(value) in (int, float) and math.isfinite(value)
-
     def section(key: str) -> Dict[str, Any]:
         value = state.get(key)
         if not isinstance(value, dict):
@@ -703,20 +718,14 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
     config, loader = section("config"), section("loader")
     if config.get("optimizer") not in OPTIMIZERS:
         refuse("config.optimizer", config.get("optimizer"), f"one of {OPTIMIZERS}")
-    for key, ok, expected in (
-        ("lr", lambda v: number(v) and v > 0, "a finite number > 0"),
-        ("clip", lambda v: number(v) and v >= 0, "a finite number >= 0"),
-        ("seed", whole, "a whole number >= 0"),
-        ("bptt", lambda v: whole(v, 1), "a whole number >= 1"),
-        ("randomize", lambda v: type(v) is bool, "true or false"),
-    ):
+    for key, (ok, expected) in _SETTING_CHECKS.items():
         if not ok(config.get(key)):
             refuse(f"config.{key}", config.get(key), expected)
     for key in ("n_streams", "n_chars"):
-        if not whole(loader.get(key), 1):
+        if not _whole(loader.get(key), 1):
             refuse(f"loader.{key}", loader.get(key), "a whole number >= 1")
     for key in ("epoch", "offset", "n_batches"):
-        if not whole(loader.get(key)):
+        if not _whole(loader.get(key)):
             refuse(f"loader.{key}", loader.get(key), "a whole number >= 0")
     n_streams = loader["n_streams"]
     if loader["offset"] > n_chars // n_streams:
@@ -727,7 +736,7 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
         refuse("loader.reverse", loader.get("reverse"), "true or false")
     if not isinstance(loader.get("rng"), dict):
         refuse("loader.rng", loader.get("rng"), "a numpy bit generator state (a dict)")
-    limit = max(n_chars, _MAX_BATCH_IDS)
+    limit = _batch_ids_limit(n_chars)
     if config["bptt"] * n_streams > limit:
         refuse(
             "config.bptt",
@@ -735,7 +744,7 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
             f"a length whose batches ({n_streams} streams) hold at most {limit:,} ids (the text "
             f"has {n_chars:,} characters)",
         )
-    if not whole(state.get("step")):
+    if not _whole(state.get("step")):
         refuse("step", state.get("step"), "a whole number >= 0")
     for key in ("losses", "dev_losses"):
         rows = state.get(key, [])
@@ -744,7 +753,7 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
             and all(
                 isinstance(row, (list, tuple))
                 and len(row) == 2
-                and whole(row[0])
+                and _whole(row[0])
                 and type(row[1]) in (int, float)
                 for row in rows
             )

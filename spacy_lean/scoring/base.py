@@ -5,7 +5,7 @@ to its own (`merge`), turns its counts into the numbers spaCy's scorer reports
 (`result`) and round-trips through JSON (`to_dict` / `load_dict`).
 """
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy
 from spacy.attrs import LENGTH, ORTH
@@ -179,15 +179,24 @@ def per_type_to_list(per_type: Dict[str, PRFScore]) -> List[List[Any]]:
     return [[key, *prf_to_list(prf)] for key, prf in per_type.items()]
 
 
+def labelled_rows(rows: Any, field: str, width: int) -> Iterator[Tuple[str, Any, List[Any]]]:
+    """(where, label, row) for each saved `[label, ...]` row of `width` values, each
+    label listed once (as in the dict the rows were written from)."""
+    seen = set()
+    for i, row in enumerate(list_from_json(rows, field)):
+        where = f"{field}[{i}]"
+        label = label_from_json(list_from_json(row, where, width)[0], f"{where}[0]")
+        if label in seen:
+            raise StateFieldError(f"{where}[0]", label, "a label not listed before")
+        seen.add(label)
+        yield where, label, row
+
+
 def per_type_from_list(
     rows: Iterable[Sequence[Any]], field: str = "per_type"
 ) -> Dict[str, PRFScore]:
     per_type: Dict[str, PRFScore] = {}
-    for i, row in enumerate(list_from_json(rows, field)):
-        where = f"{field}[{i}]"
-        label = label_from_json(list_from_json(row, where, 4)[0], f"{where}[0]")
-        if label in per_type:
-            raise StateFieldError(f"{where}[0]", label, "a label not listed before")
+    for where, label, row in labelled_rows(rows, field, 4):
         tp, fp, fn = (count_from_json(row[j], f"{where}[{j}]") for j in (1, 2, 3))
         per_type[label] = PRFScore(tp=tp, fp=fp, fn=fn)
     return per_type

@@ -18,7 +18,7 @@ from .base import (
     count_from_json,
     float_from_json,
     float_to_json,
-    label_from_json,
+    labelled_rows,
     list_from_json,
     per_type_from_list,
     per_type_to_list,
@@ -249,11 +249,8 @@ class CatsState(ScoreState):
                 f"{self.labels}: restore it with the pipeline it was made with."
             )
         self.f_per_type = per_type_from_list(data["f_per_type"], "f_per_type")
-        self.auc_per_type = {}
-        for i, row in enumerate(list_from_json(data["auc_per_type"], "auc_per_type")):
-            where = f"auc_per_type[{i}]"
-            label = label_from_json(list_from_json(row, where, 2)[0], f"{where}[0]")
-            if label in self.auc_per_type:
-                raise StateFieldError(f"{where}[0]", label, "a label not listed before")
-            self.auc_per_type[label] = ScoreCounts.from_list(row[1], f"{where}[1]")
+        self.auc_per_type = {
+            label: ScoreCounts.from_list(row[1], f"{where}[1]")
+            for where, label, row in labelled_rows(data["auc_per_type"], "auc_per_type", 2)
+        }
         return self
