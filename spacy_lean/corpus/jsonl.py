@@ -65,8 +65,8 @@ def iter_jsonl_docs(
         if stop is not None and index >= stop:
             break
         record = _parse(path, line_no, line)
-        answer = record.get("answer") if isinstance(record, dict) else None
-        if answer in NOT_GOLD_ANSWERS:
+        answer = _left_out(record)
+        if answer is not None:
             skipped[answer] = skipped.get(answer, 0) + 1
             continue
         where = f"{path}:{line_no}"
@@ -88,6 +88,12 @@ def iter_jsonl_docs(
             "Prodigy's data-to-spacy first.",
             SkippedRecordsWarning,
         )
+
+
+def _left_out(record: Any) -> Optional[str]:
+    """The answer ("reject", "ignore") for which a record is not read, else None."""
+    answer = record.get("answer") if isinstance(record, dict) else None
+    return answer if answer in NOT_GOLD_ANSWERS else None
 
 
 def _nonblank_lines(path: Path) -> Iterator[Tuple[int, str]]:
@@ -135,8 +141,7 @@ def count_jsonl_docs(path: Union[str, Path], stop: Optional[int] = None) -> int:
         if stop is not None and n >= stop:
             break
         if "answer" in line:
-            record = _parse(path, line_no, line)
-            if isinstance(record, dict) and record.get("answer") in NOT_GOLD_ANSWERS:
+            if _left_out(_parse(path, line_no, line)) is not None:
                 continue
         n += 1
     return n
