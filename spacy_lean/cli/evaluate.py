@@ -312,7 +312,7 @@ def evaluate_streaming_cli(
         )
     before = int(resumed.get("n_examples") or 0) if resumed else 0
     if resumed and resumed.get("units"):  # --workers: the finished units hold the counts
-        before = sum(int(unit.get("n_examples", 0)) for unit in resumed["units"].values())
+        before = _counted(resumed["units"])
     if resumed and resumed.get("done"):
         msg.good(f"All {n_examples} examples were evaluated by an earlier run ({checkpoint})")
     elif before:
@@ -658,7 +658,7 @@ def _run_workers(
         if ckpt is not None:
             ckpt.save(state, units=done)
         if isinstance(e, EvaluationStopped):
-            counted = sum(unit["n_examples"] for unit in done.values())
+            counted = _counted(done)
             raise EvaluationStopped(e.signum, counted) from None
         raise
     finally:
@@ -666,11 +666,16 @@ def _run_workers(
     if ckpt is not None:
         ckpt.save(state, units=done, done=True)
     merged = merge_states({i: unit["state"] for i, unit in done.items()}, nlp, template=state)
-    n_examples = sum(unit["n_examples"] for unit in done.values())
+    n_examples = _counted(done)
     # Unknown (None) where a unit was finished by a version that did not count them.
     known = all("empty_docs" in unit for unit in done.values())
     empty_docs = sum(unit.get("empty_docs", 0) for unit in done.values()) if known else None
     return merged, n_examples, empty_docs
+
+
+def _counted(units: Dict[int, Dict[str, Any]]) -> int:
+    """The examples counted in finished work units (as saved in a checkpoint)."""
+    return sum(int(unit.get("n_examples", 0)) for unit in units.values())
 
 
 def _print_scores(

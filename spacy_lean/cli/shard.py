@@ -26,6 +26,7 @@ def shard_cli(
     Streams: the input is read a doc at a time (a single .spacy file of any size
     in bounded memory), and one output shard is held in memory at a time."""
     from ..corpus import write_shards
+    from ..corpus.sources import MixedFormatsError
 
     try:
         written = write_shards(
@@ -37,14 +38,14 @@ def shard_cli(
             jsonl_spans_key=spans_key,
             progress=True,
         )
+    except MixedFormatsError:  # its message names the reader's setting: this command has none
+        msg.fail(
+            f"'{input_path}' holds both .spacy and .jsonl files: give the path of one file, or "
+            "of a folder holding one kind (shard each kind on its own).",
+            exits=1,
+        )
     except (FileNotFoundError, ValueError) as err:
-        text = str(err)
-        if "file_format" in text:  # the reader's setting: this command has none
-            text = (
-                f"'{input_path}' holds both .spacy and .jsonl files: give the path of one "
-                "file, or of a folder holding one kind (shard each kind on its own)."
-            )
-        msg.fail(text, exits=1)
+        msg.fail(str(err), exits=1)
     if not written:
         msg.warn(f"No docs in '{input_path}': nothing written.")
     else:

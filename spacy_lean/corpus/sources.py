@@ -25,11 +25,16 @@ __all__ = [
     "detect_format",
     "iter_shard_docs",
     "list_shards",
+    "MixedFormatsError",
     "path_fingerprint",
     "read_examples",
 ]
 
 FORMATS = {".spacy": "spacy", ".jsonl": "jsonl"}
+
+
+class MixedFormatsError(ValueError):
+    """A corpus folder holds both .spacy and .jsonl files (which to read is a choice)."""
 
 
 def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Path]:
@@ -84,7 +89,7 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
                 "(folders are walked recursively; names starting with '.' are skipped)."
             )
         if len(present) > 1:
-            raise ValueError(
+            raise MixedFormatsError(
                 f"'{path}' holds both .spacy and .jsonl files. Set the reader's "
                 "file_format to 'spacy' or 'jsonl' to say which to read (on the command "
                 "line: give the path of one file, or of a folder holding one kind)."
