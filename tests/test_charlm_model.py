@@ -228,6 +228,9 @@ def test_not_a_language_model(tmp_path):
         CharLM.load(tmp_path / "y.pt")
     with pytest.raises(FileNotFoundError, match="nowhere.pt"):
         CharLM.load(tmp_path / "nowhere.pt")
+    # A training output folder, not the checkpoint in it: say so, and name the file.
+    with pytest.raises(IsADirectoryError, match=r"is a folder \(it holds x.pt, y.pt\)"):
+        CharLM.load(tmp_path)
 
 
 def test_pickled_dictionary_round_trips_through_plain_pickle(dictionary):

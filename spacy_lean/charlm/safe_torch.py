@@ -752,6 +752,12 @@ def load(
     else:
         path = Path(source)
         shown = name or str(path)
+        if path.is_dir():
+            found = sorted(p.name for p in path.glob("*.pt"))[:5]
+            held = f" (it holds {', '.join(found)})" if found else ""
+            raise IsADirectoryError(
+                f"{path} is a folder{held}, but {what} is a file: give the path of the file"
+            )
         if not path.is_file():
             raise FileNotFoundError(f"{what[0].upper()}{what[1:]} not found: {path}")
         size = path.stat().st_size
