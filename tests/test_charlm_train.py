@@ -4,6 +4,7 @@ after an interruption is bitwise identical on CPU, and the CLI works."""
 import shutil
 import signal
 
+import numpy
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -259,6 +260,40 @@ def test_changed_text_is_reencoded_and_refuses_to_resume(text_file, tmp_path):
     text.write_text(text.read_text() + "more text\n")
     with pytest.raises(ValueError, match="characters"):
         train_charlm([text], tmp_path / "run", max_steps=6, resume=True, **TINY)
+
+
+def _ids_out_of_range(corpus):
+    dtype = EncodedText(corpus).dtype
+    ids = numpy.memmap(corpus / "ids.bin", dtype=dtype, mode="r+")
+    ids[:] = 250
+    ids.flush()
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        _ids_out_of_range,
+        lambda corpus: (corpus / "ids.json").write_text("[]"),
+        lambda corpus: (corpus / "ids.json").write_text("[" * 100_000 + "]" * 100_000),
+    ],
+    ids=["ids-past-the-dictionary", "json-list", "json-too-deep"],
+)
+def test_a_damaged_encoding_is_encoded_again(text_file, tmp_path, tamper):
+    """The encoded text of a run is reused only if it is what encode_texts wrote: ids
+    past the dictionary (an IndexError in the embedding, a device assert on CUDA) or
+    unreadable metadata make train-charlm encode the text again, and the resumed run
+    is the one an untouched run gives."""
+    kwargs = dict(TINY, max_steps=3)
+    train_charlm([text_file], tmp_path / "good", **kwargs)
+    train_charlm([text_file], tmp_path / "bad", **kwargs)
+    corpus = tmp_path / "bad" / "corpus"
+    assert (corpus / "ids.json").exists()
+    tamper(corpus)
+    kwargs["max_steps"] = 6
+    good = train_charlm([text_file], tmp_path / "good", resume=True, **kwargs)
+    bad = train_charlm([text_file], tmp_path / "bad", resume=True, **kwargs)
+    assert _same_weights(good.model, bad.model)
+    assert int(EncodedText(corpus).ids.max()) < len(good.model.dictionary)
 
 
 def test_cli_trains_and_resumes(text_file, tmp_path):

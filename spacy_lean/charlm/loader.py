@@ -208,7 +208,20 @@ class EncodedText:
                 f"No encoded text in {self.path} (missing {META_FILE}). "
                 "Create one with spacy_lean.charlm.loader.encode_texts."
             )
-        self.meta: Dict[str, Any] = json.loads(meta_path.read_text(encoding="utf8"))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf8"))
+        except (ValueError, RecursionError) as err:
+            # RecursionError: JSON nested deeper than Python's decoder can follow.
+            raise ValueError(
+                f"Could not read {meta_path} ({type(err).__name__}): it is damaged. Delete "
+                f"{self.path} to encode the text again."
+            ) from None
+        if not isinstance(meta, dict):
+            raise ValueError(
+                f"{meta_path} holds a JSON {type(meta).__name__}, not the object encode_texts "
+                f"writes. Delete {self.path} to encode the text again."
+            )
+        self.meta: Dict[str, Any] = meta
         if self.meta.get("format") != FORMAT:
             raise ValueError(
                 f"Unknown encoded-text format in {meta_path}: {self.meta.get('format')!r}"
@@ -251,11 +264,23 @@ class EncodedText:
     def matches(self, dictionary: Any, sources: Optional[Sequence[PathLike]] = None) -> bool:
         """Whether this encoding was made with `dictionary` (and from `sources`, by
         path, size and modification time)."""
-        if self.meta["dictionary"] != dictionary_fingerprint(dictionary):
+        if self.meta.get("dictionary") != dictionary_fingerprint(dictionary):
             return False
-        if sources is not None and self.meta["sources"] != _describe_sources(sources):
+        if sources is not None and self.meta.get("sources") != _describe_sources(sources):
             return False
         return True
+
+    def check_ids(self, vocab_size: int, chunk: int = 1 << 24) -> None:
+        """Check that every id is below `vocab_size` (one pass over the file, a chunk
+        at a time). RAISES (ValueError): an id is not, naming the file."""
+        for start in range(0, self.n_chars, chunk):
+            top = int(self.ids[start : start + chunk].max())
+            if top >= vocab_size:
+                raise ValueError(
+                    f"{self.path / IDS_FILE} holds the id {top}, but the dictionary has "
+                    f"{vocab_size} characters: it was changed after encode_texts wrote it. "
+                    f"Delete {self.path} to encode the text again."
+                )
 
 
 def _describe_sources(paths: Sequence[PathLike]) -> List[Dict[str, Any]]:

@@ -817,7 +817,11 @@ def _shared_encoding(
         reuse = False
         if (path / "ids.json").exists():
             try:
-                reuse = EncodedText(path).matches(dictionary, texts)
+                found = EncodedText(path)
+                reuse = found.matches(dictionary, texts)
+                if reuse:
+                    # Ids past the dictionary would index past the embedding table.
+                    found.check_ids(len(dictionary))
             except (ValueError, OSError, KeyError):
                 reuse = False
         if not reuse:
