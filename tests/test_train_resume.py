@@ -252,6 +252,11 @@ def test_resume_refuses_a_state_that_is_not_json(copied):
     with pytest.raises(TrainingStateError, match="is not valid JSON") as info:
         read_training_state(out)
     assert str(path) in str(info.value) and FIX in str(info.value)
+    # Nested deeper than Python's decoder follows: RecursionError, a refusal too.
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf8")
+    with pytest.raises(TrainingStateError, match="is not valid JSON") as info:
+        read_training_state(out)
+    assert str(path) in str(info.value) and FIX in str(info.value)
 
 
 def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):

@@ -442,8 +442,11 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
         )
     try:
         state = json.loads(file_.read_text(encoding="utf8"))
-    except ValueError as err:
-        raise TrainingStateError(f"{file_} is not valid JSON ({err}). {STATE_FIX}") from err
+    except (ValueError, RecursionError) as err:
+        # RecursionError: nested deeper than Python's JSON decoder can follow.
+        raise TrainingStateError(
+            f"{file_} is not valid JSON ({type(err).__name__}: {err}). {STATE_FIX}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise TrainingStateError(
             f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
