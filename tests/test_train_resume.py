@@ -9,11 +9,13 @@ corpus."""
 
 import contextlib
 import copy
+import io
 import json
 import os
 import pickle
 import shutil
 import signal
+import zipfile
 
 import numpy
 import pytest
@@ -580,6 +582,22 @@ def _damage(kind, path, marker):
         _rewrite(path, mom1_0=numpy.full(shape, "x"))
     elif kind == "object array":
         _rewrite(path, names=numpy.array([_MakesDirectory(str(marker))], dtype=object))
+    elif kind in ("inflates", "declares more"):
+        # A small file whose 'names' unpacks to 256 MB of zeros, or declares 4 TB.
+        n = 2**26 if kind == "inflates" else 10**12
+        header = io.BytesIO()
+        numpy.lib.format.write_array_header_1_0(
+            header, {"descr": "<U1", "fortran_order": False, "shape": (n,)}
+        )
+        path.unlink()
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            with archive.open("names.npy", "w", force_zip64=True) as member:
+                member.write(header.getvalue())
+                if kind == "inflates":
+                    zeros = bytes(1 << 24)
+                    for _ in range(4 * n // len(zeros)):
+                        member.write(zeros)
+        assert path.stat().st_size < 2_000_000
     else:  # pragma: no cover
         raise ValueError(kind)
 
@@ -596,7 +614,9 @@ DAMAGES = {
     "counts off": "parameter names but 2 update counts",
     "moment of another size": "holds 3 values in 'mom1_0'",
     "moment not float": "holds 'mom1_0' as a",
-    "object array": "Could not read the array 'names'",
+    "object array": "'names.npy' holds Python objects",
+    "inflates": "unpacks to more than",
+    "declares more": "'names.npy' declares 4,000,000,000,128 bytes but holds 128",
 }
 
 

@@ -7,6 +7,7 @@ One code path for 1 and N processes: with one process the collectives do nothing
 
 import datetime
 import json
+import math
 import os
 import zipfile
 from dataclasses import dataclass
@@ -544,6 +545,7 @@ def load_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Pa
             f"The optimizer state {path} is missing: the training state in {path.parent} "
             f"is incomplete (every checkpoint writes it). {STATE_FIX}"
         )
+    _check_npz_members(path, entries)
     try:
         data = numpy.load(path, allow_pickle=False)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
@@ -551,13 +553,67 @@ def load_optimizer(optimizer, entries: Sequence[ParamEntry], path: Union[str, Pa
             f"Could not read the optimizer state {path} ({type(err).__name__}: {err}): it is "
             f"truncated, damaged or not the .npz archive `spacy lean train` writes. {STATE_FIX}"
         ) from err
-    if not isinstance(data, numpy.lib.npyio.NpzFile):
-        raise TrainingStateError(
-            f"The optimizer state {path} is one .npy array, not the .npz archive "
-            f"`spacy lean train` writes. {STATE_FIX}"
-        )
     with data:
         return _restore_optimizer(optimizer, entries, path, data)
+
+
+def _check_npz_members(path: Path, entries: Sequence[ParamEntry]) -> None:
+    """Check an optimizer state's members before any is read: each .npy header (read
+    without its data) must declare a plain dtype and exactly the member's size in the
+    archive, and together the members may hold no more than this pipeline's optimizer
+    state can (3 float64 tables, names and counts). zipfile stops a member at its
+    declared size, so a small file cannot make the reader inflate or allocate more."""
+    with path.open("rb") as file_:
+        if file_.read(6) == b"\x93NUMPY":
+            raise TrainingStateError(
+                f"The optimizer state {path} is one .npy array, not the .npz archive "
+                f"`spacy lean train` writes. {STATE_FIX}"
+            )
+    longest = max((len(e.name) for e in entries), default=1)
+    limit = 24 * sum(e.size for e in entries) + len(entries) * (8 + 4 * longest) + (1 << 20)
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if len(members) > 3 * len(entries) + 2:
+                raise TrainingStateError(
+                    f"The optimizer state {path} holds {len(members):,} arrays, more than "
+                    f"`spacy lean train` writes for the {len(entries):,} parameters of this "
+                    f"pipeline: it was saved for another model, or is not such a state. "
+                    f"{STATE_FIX}"
+                )
+            for info in members:
+                with archive.open(info) as member:
+                    version = numpy.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, _, dtype = numpy.lib.format.read_array_header_1_0(member)
+                    elif version == (2, 0):
+                        shape, _, dtype = numpy.lib.format.read_array_header_2_0(member)
+                    else:
+                        raise ValueError(f".npy format {version} in '{info.filename}'")
+                    declared = math.prod(shape) * dtype.itemsize + member.tell()
+                if dtype.hasobject:
+                    raise ValueError(f"'{info.filename}' holds Python objects (a pickle)")
+                if declared != info.file_size:
+                    raise ValueError(
+                        f"'{info.filename}' declares {declared:,} bytes but holds "
+                        f"{info.file_size:,}"
+                    )
+                total += info.file_size
+                if total > limit:
+                    raise TrainingStateError(
+                        f"The optimizer state {path} unpacks to more than {limit:,} bytes, "
+                        f"more than `spacy lean train` writes for the {len(entries):,} "
+                        "parameters of this pipeline: it was saved for another model, or "
+                        f"is not such a state. {STATE_FIX}"
+                    )
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        if isinstance(err, TrainingStateError):
+            raise
+        raise TrainingStateError(
+            f"Could not read the optimizer state {path} ({type(err).__name__}: {err}): it is "
+            f"truncated, damaged or not the .npz archive `spacy lean train` writes. {STATE_FIX}"
+        ) from None
 
 
 def _optimizer_array(data, path: Path, key: str, kinds: str, ndim: Optional[int] = None):
