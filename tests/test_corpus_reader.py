@@ -79,6 +79,34 @@ def test_symbolic_link_loops_in_a_corpus_folder_are_refused(tmp_path):
         list_shards(tmp_path)
 
 
+def test_devices_in_a_corpus_are_refused(tmp_path):
+    """A .jsonl name linked to /dev/zero was listed, then read as one endless line
+    until memory ran out (2.5 GB under a 3 GB ulimit, an empty MemoryError)."""
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n', encoding="utf8")
+    (tmp_path / "b.jsonl").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="not a regular file") as info:
+        list_shards(tmp_path)
+    assert str(tmp_path / "b.jsonl") in str(info.value)
+    with pytest.raises(ValueError, match="not a regular file or a folder"):
+        list_shards(tmp_path / "b.jsonl")
+
+
+def test_a_jsonl_line_longer_than_the_limit_is_refused(nlp, tmp_path, monkeypatch):
+    """Lines are read up to MAX_LINE_CHARS: a file without line ends is not read whole
+    as one line. Lines of exactly the limit are read."""
+    import spacy_lean.corpus.jsonl as jsonl_module
+
+    monkeypatch.setattr(jsonl_module, "MAX_LINE_CHARS", 100)
+    path = tmp_path / "long.jsonl"
+    fits = srsly.json_dumps({"text": "x" * 88})
+    assert len(fits) + 1 == 100  # with its line end
+    path.write_text(fits + "\n" + srsly.json_dumps({"text": "y" * 200}), encoding="utf8")
+    with pytest.raises(CorruptShardError, match=r"long\.jsonl:2: the line is longer than 100"):
+        list(LeanCorpus(path)(nlp))
+    path.write_text(fits + "\n" + fits, encoding="utf8")
+    assert len(list(LeanCorpus(path)(nlp))) == 2
+
+
 def test_max_length_keeps_every_entity_spacy_drops_some(nlp, shard_dir):
     corpus = LeanCorpus(shard_dir, max_length=12)
     examples = list(corpus(nlp))

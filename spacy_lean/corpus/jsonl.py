@@ -96,13 +96,24 @@ def _left_out(record: Any) -> Optional[str]:
     return answer if answer in NOT_GOLD_ANSWERS else None
 
 
+# The longest line (one record) read: a file without line ends (or a link to a
+# device such as /dev/zero) would otherwise be read whole as one line.
+MAX_LINE_CHARS = 1 << 26
+
+
 def _nonblank_lines(path: Path) -> Iterator[Tuple[int, str]]:
     """(line number, line) for each non-blank line, read as text (universal line ends).
     utf-8-sig: a byte order mark (files saved by Windows tools) is not part of line 1."""
     i = 0
     try:
         with Path(path).open("r", encoding="utf-8-sig") as f:
-            for i, line in enumerate(f, start=1):
+            for i, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), start=1):
+                if len(line) > MAX_LINE_CHARS:
+                    raise ValueError(
+                        f"{path}:{i}: the line is longer than {MAX_LINE_CHARS:,} characters. "
+                        "A .jsonl corpus holds one JSON object per line: is this a .jsonl "
+                        "file? Split a longer text into several records."
+                    )
                 if line.strip():
                     yield i, line
     except UnicodeDecodeError as err:

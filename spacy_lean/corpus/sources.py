@@ -53,6 +53,11 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
             "command, or the reader's path in a training config ([paths.train], [paths.dev]; "
             "--paths.train on the command line)."
         )
+    if not path.is_file() and not path.is_dir():
+        raise ValueError(
+            f"Corpus path '{path}' is not a regular file or a folder (a device, pipe or "
+            "socket, or a link to one). Give a .spacy or .jsonl file, or a folder of them."
+        )
     if path.is_file():
         fmt = detect_format(path)
         if suffix is not None and not path.name.endswith(suffix):
@@ -80,7 +85,13 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
                 continue
             for s in FORMATS:
                 if name.endswith(s):
-                    found[s].append(Path(root) / name)
+                    file_ = Path(root) / name
+                    if not file_.is_file():
+                        raise ValueError(
+                            f"Corpus folder '{path}' holds '{file_}', which is not a regular "
+                            "file (a device, pipe or socket, or a link to one). Remove it."
+                        )
+                    found[s].append(file_)
     if suffix is None:
         present = [s for s in FORMATS if found[s]]
         if not present:
