@@ -158,6 +158,8 @@ class LeanCleaner:
         self.stats: Dict[str, int] = {}
         self.reset_stats()
         self._checked: Optional[Tuple[Tuple[str, int], ...]] = None
+        # The pipeline as `initialize` saw it: checked leniently until it changes.
+        self._initialize_signature: Optional[Tuple[Tuple[str, int], ...]] = None
         self._warned: set = set()
         self._since_empty = 0
         self._since_trim = 0
@@ -267,7 +269,14 @@ class LeanCleaner:
         signature = self._pipeline_signature()
         if signature is None or signature == self._checked:
             return
-        self._check(lenient=False)
+        # While the pipeline is as `initialize` saw it (spaCy's training disables its
+        # frozen and sourced components then, and a ner or parser runs the components
+        # before it on sample docs), the check is initialize's; after any change, it
+        # is the strict one for good.
+        lenient = signature == self._initialize_signature and bool(self._nlp.disabled)
+        self._check(lenient=lenient)
+        if not lenient:
+            self._initialize_signature = None
         self._checked = signature
 
     def _check(self, lenient: bool) -> None:
@@ -340,6 +349,8 @@ class LeanCleaner:
         """The attributes whose readers the placement check looks for."""
         attrs = [a for a in self.released_attrs if a in (TRF_DATA, TENSOR)]
         attrs += [f"doc._.{ext}" for ext in self.cfg["extensions"]]
+        # Only `consumers` (or a factory's `requires` in this notation) read these.
+        attrs += [f"doc.user_data[{key!r}]" for key in self.cfg["user_data_keys"]]
         return list(dict.fromkeys(attrs))
 
     def _producers(self, running: Sequence[str], attrs: Sequence[str]) -> Dict[str, List[str]]:
@@ -450,6 +461,7 @@ class LeanCleaner:
         self._checked = None
         if self._nlp is not None:
             self._check(lenient=True)
+            self._initialize_signature = self._pipeline_signature()
 
     def _clean(self, doc: Doc) -> None:
         cfg = self.cfg

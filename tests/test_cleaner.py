@@ -176,6 +176,28 @@ def test_user_named_consumers(trf_ner_nlp):
         trf_ner_nlp("Ada Lindqvist visited Veldmark .")
 
 
+@Language.component("lean_test_user_data_writer")
+def _user_data_writer(doc):
+    doc.user_data["k"] = [1, 2, 3]
+    return doc
+
+
+def test_consumers_read_the_released_user_data_keys():
+    """A component named in `consumers` reads every field the cleaner releases, its
+    user_data keys too: a cleaner that releases only a user_data key used to let the
+    consumer after it find the key gone, silently."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("lean_test_user_data_writer")
+    config = {"trf_data": False, "tensor": False, "user_data_keys": ["k"]}
+    nlp.add_pipe("lean_cleaner", config=dict(config, consumers=["sentencizer"]))
+    nlp.add_pipe("sentencizer")
+    with pytest.raises(ValueError, match="'sentencizer' runs after it and reads doc.user_data"):
+        nlp("Ada met Bo")
+    nlp.remove_pipe("lean_cleaner")
+    nlp.add_pipe("lean_cleaner", config=dict(config, consumers=["sentencizer"]))
+    assert "k" not in nlp("Ada met Bo").user_data
+
+
 def _initialize_with_a_listening_tagger_after_the_cleaner(nlp):
     """Add a tagger listening to the tok2vec (after the cleaner) and initialize: the
     cleaner must refuse the placement."""
@@ -840,6 +862,47 @@ def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp
     assert doc.tensor.size == 0
     with nlp.select_pipes(disable=["lean_cleaner", "lean_cleaner_end"]):
         assert _tags([nlp(SENTENCE)]) == _tags([doc])
+
+
+def test_training_initialize_with_a_frozen_sourced_tok2vec_before_a_ner(tmp_path):
+    """The same with a ner reading tok2vec2: a ner (or parser) runs the components
+    before it on sample docs while it initializes, the cleaner included, whose first
+    call used to check the pipeline strictly, tok2vec2 disabled: `spacy train` could
+    not start. The pipeline is checked as initialize saw it until it changes, then
+    strictly: with tok2vec2 disabled after training, the cleaner refuses."""
+    from spacy.tokens import DocBin
+    from spacy.training.initialize import init_nlp
+
+    source = spacy.blank("en")
+    source.add_pipe("tok2vec", name="tok2vec2")
+    source.initialize()
+    source.to_disk(tmp_path / "source")
+    nlp = spacy.blank("en")
+    texts = [SENTENCE, "Veldmark is far away now"]
+    annotation = dict(TAGS, entities=["U-PER", "O", "U-LOC", "O", "O"])
+    corpus = DocBin(docs=[Example.from_dict(nlp.make_doc(t), annotation).reference for t in texts])
+    corpus.to_disk(tmp_path / "ents.spacy")
+    text = TWO_BLOCK_TRAINING_CONFIG.replace('"tagger2"', '"ner2"')
+    text = text.replace(
+        '[components.tagger2]\nfactory = "tagger"', '[components.ner2]\nfactory = "ner"'
+    )
+    text = text.replace(
+        '[components.tagger2.model]\n@architectures = "spacy.Tagger.v2"',
+        '[components.ner2.model]\n@architectures = "spacy.TransitionBasedParser.v2"\n'
+        'state_type = "ner"\nhidden_width = 16\nmaxout_pieces = 2\nuse_upper = true',
+    )
+    text = text.replace("[components.tagger2.model.tok2vec]", "[components.ner2.model.tok2vec]")
+    config = spacy.util.load_config_from_str(text)
+    assert config["nlp"]["pipeline"][4] == "ner2" and "tagger2" not in config["components"]
+    config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "ents.spacy")
+    config["components"]["tok2vec2"]["source"] = str(tmp_path / "source")
+    nlp = init_nlp(config)
+    assert nlp.pipe_names[2:5] == ["lean_cleaner", "tok2vec2", "ner2"]
+    doc = nlp(SENTENCE)
+    assert doc.tensor.size == 0
+    with nlp.select_pipes(disable=["tok2vec2"]):
+        with pytest.raises(ValueError, match="'ner2' runs after it and reads doc.tensor"):
+            nlp(SENTENCE)
 
 
 TWO_BLOCK_TRAINING_CONFIG = """
