@@ -251,6 +251,29 @@ def test_damaged_bytes_and_other_formats(rich_file, tmp_path):
         DocBinReader(text)
 
 
+def test_a_span_past_the_docs_end_is_refused(tmp_path):
+    """Span groups are stored without checks: a 246-byte file with a span ending at
+    token 50,000,000 of a 3-token doc was read, and failed later, in whatever touched
+    the span, with spaCy's IndexError and no file named."""
+    import struct
+
+    vocab = Vocab()
+    doc = Doc(vocab, words=["a", "b", "c"])
+    doc.spans["sc"] = [Span(doc, 0, 1, label="X")]
+    msg = srsly.msgpack_loads(zlib.decompress(DocBin(docs=[doc]).to_bytes()))
+    groups = srsly.msgpack_loads(msg["span_groups"][0])
+    ((key, value),) = groups.items()
+    group = srsly.msgpack_loads(key)
+    fields = list(struct.unpack(">QQQllll", group["spans"][0]))
+    fields[4] = 50_000_000  # the end token
+    group["spans"][0] = struct.pack(">QQQllll", *fields)
+    msg["span_groups"][0] = srsly.msgpack_dumps({srsly.msgpack_dumps(group): value})
+    bad = tmp_path / "span.spacy"
+    bad.write_bytes(zlib.compress(srsly.msgpack_dumps(msg)))
+    with pytest.raises(CorruptShardError, match=r"doc 0 of '.*span\.spacy'.*E035"):
+        list(iter_shard_docs(bad, Vocab()))
+
+
 @pytest.mark.parametrize("small_chunks", [False, True])
 def test_concatenated_files_are_refused(tmp_path, monkeypatch, small_chunks):
     """`cat a.spacy b.spacy > all.spacy` makes a file whose first DocBin DocBin.from_disk

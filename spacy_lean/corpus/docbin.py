@@ -496,6 +496,11 @@ class DocBinReader:
                     groups = span_groups.next() if span_groups is not None else b""
                     if groups and groups != _EMPTY_SPAN_GROUPS:
                         doc.spans.from_bytes(groups)
+                        # Spans are stored unchecked: making each one checks its
+                        # bounds (IndexError E035 for a span past the doc's end).
+                        for group in doc.spans.values():
+                            for _ in group:
+                                pass
                     else:
                         doc.spans.clear()
                     data = user_data.next() if user_data is not None and i < n_user_data else None
