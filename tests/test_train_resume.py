@@ -92,6 +92,37 @@ def test_the_run_ends_with_a_state_at_its_last_epoch(setup):
     assert state["ranks"][0]["batches"] == state["ranks"][0]["examples"] == 0
 
 
+def test_resume_with_another_batch_size_skips_the_examples_trained(setup, tmp_path, capsys):
+    """Resumed on as many ranks, a run replays the batches the saved run trained. With
+    another batch size (a usual answer to running out of memory) those batches held
+    other examples: after 3 batches of 2, batch size 4 replayed the whole epoch of 8
+    examples, so the 2 the saved run had not trained were never trained in it. The replay is checked against the examples the
+    saved run counted; when they differ, each rank skips those examples instead."""
+    config = spacy.util.load_config(setup / "config.cfg")
+    config["training"]["batcher"] = {
+        "@batchers": "spacy.batch_by_sequence.v1",
+        "size": 2,
+        "get_length": None,
+    }
+    config.to_disk(tmp_path / "config.cfg")
+    out = tmp_path / "run"
+    run(tmp_path, out, **{"training.max_steps": 2})
+    saved = read_training_state(out)
+    assert (saved["step"], saved["epoch"]) == (2, 0)
+    assert [(r["batches"], r["examples"], r["skipped"]) for r in saved["ranks"]] == [(3, 6, 0)]
+    capsys.readouterr()
+    run(tmp_path, out, resume=True, **{"training.max_steps": 3, "training.batcher.size": 4})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The 3 batches replayed on rank 0 hold 8 examples, the saved run trained 6" in text
+    resumed = read_training_state(out)
+    assert resumed["step"] == 3
+    # The 2 examples left of the 8 in epoch 0, in one batch of the new size.
+    assert [(r["batches"], r["examples"], r["skipped"]) for r in resumed["ranks"]] == [(1, 2, 6)]
+    # Resumed again with that size, the replay matches: no warning.
+    run(tmp_path, out, resume=True, **{"training.max_steps": 4, "training.batcher.size": 4})
+    assert "the saved run trained" not in capsys.readouterr().out
+
+
 def test_resume_refuses_an_absurd_step(setup, copied, capsys):
     """step = 10**12 and no max_steps: the resumed run replayed the schedules 10**12
     times (days) before training. Refused as it is read, naming the file and value."""

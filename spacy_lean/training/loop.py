@@ -141,10 +141,23 @@ class RankBatches:
         self.batches = 0
         self.n_examples = 0
         self.skipped = 0
+        self.replay_differed = False
+        self.replayed_examples = 0
 
-    def epoch(self, epoch: int, *, skip_batches: int = 0, skip_examples: int = 0) -> Iterator[List]:
+    def epoch(
+        self,
+        epoch: int,
+        *,
+        skip_batches: int = 0,
+        skip_examples: int = 0,
+        expect_examples: Optional[int] = None,
+    ) -> Iterator[List]:
         """Start epoch `epoch`; shuffling happens now, so the caller can set the global
-        random state afterwards."""
+        random state afterwards. A resumed run replays the `skip_batches` batches the
+        saved run trained, after `skip_examples` examples; if they do not hold the
+        `expect_examples` examples the saved run counted (the batcher's settings
+        changed), the epoch restarts and skips that many examples instead
+        (`self.replay_differed`)."""
         self.epoch_random = _jsonable(random.getstate())
         rng = getattr(self.batcher, "rng", None)
         self.batcher_rng = _jsonable(rng.getstate()) if isinstance(rng, random.Random) else None
@@ -160,6 +173,7 @@ class RankBatches:
                 self.corpus.epoch = epoch  # spacy-lean.Corpus.v1 shuffles by (seed, epoch)
             examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself, self._check_pass)
         self.skipped = 0
+        self.replay_differed = False
         if skip_examples:
             for _ in zip(range(skip_examples), examples):
                 self.skipped += 1
@@ -172,9 +186,30 @@ class RankBatches:
                 break
             self.batches += 1
             self.n_examples += len(batch)
+        self.replayed_examples = self.n_examples
+        if expect_examples is not None and self.n_examples != expect_examples:
+            # Other batches than the saved run's: skip the examples it trained on.
+            self.replay_differed = True
+            if self.max_epochs >= 0:
+                examples = iter(listed)
+            else:
+                examples = _share(self.corpus(self.nlp), self.ctx, self.shares_itself)
+            self.skipped = 0
+            for _ in zip(range(skip_examples + expect_examples), examples):
+                self.skipped += 1
+            batches = iter(self.batcher(examples))
+            self.batches = 0
+            self.n_examples = 0
         return self._count(batches)
 
-    def has_batch_left(self, epoch: int, *, skip_batches: int = 0, skip_examples: int = 0) -> bool:
+    def has_batch_left(
+        self,
+        epoch: int,
+        *,
+        skip_batches: int = 0,
+        skip_examples: int = 0,
+        expect_examples: Optional[int] = None,
+    ) -> bool:
         """Whether epoch `epoch`, started from the current random states as `epoch`
         starts it, has a batch after the skipped ones. The Python and numpy random
         states and the batcher's are put back; the next `epoch` call starts it afresh."""
@@ -182,7 +217,12 @@ class RankBatches:
         rng = getattr(self.batcher, "rng", None)
         rng_state = rng.getstate() if isinstance(rng, random.Random) else None
         try:
-            left = self.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
+            left = self.epoch(
+                epoch,
+                skip_batches=skip_batches,
+                skip_examples=skip_examples,
+                expect_examples=expect_examples,
+            )
             return next(left, None) is not None
         finally:
             random.setstate(saved[0])
@@ -861,6 +901,7 @@ def train(
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
     skip_batches = skip_examples = 0
+    expect_examples: Optional[int] = None  # in the batches replayed (same world size)
     # The losses summed since the last evaluation (each evaluation logs, then resets them).
     losses: Dict[str, float] = {}
     rank_resume: Optional[Dict[str, Any]] = None
@@ -887,6 +928,7 @@ def train(
             rank_resume = ranks[ctx.rank]
             skip_batches = int(rank_resume["batches"])
             skip_examples = int(rank_resume.get("skipped", 0))
+            expect_examples = int(rank_resume["examples"])
         else:
             # Another number of ranks: the shares differ; each rank skips its part of
             # the examples the old ranks trained on in this epoch.
@@ -903,7 +945,10 @@ def train(
             # stopped there by max_steps or patience, or killed before its final
             # checkpoint) has every batch of it trained, which only replaying it shows.
             left = batches.has_batch_left(
-                epoch, skip_batches=skip_batches, skip_examples=skip_examples
+                epoch,
+                skip_batches=skip_batches,
+                skip_examples=skip_examples,
+                expect_examples=expect_examples,
             )
             if not ctx.all_reduce_sum([left])[0]:
                 check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
@@ -985,13 +1030,34 @@ def train(
         log_step, finalize_logger = (lambda info: None), (lambda: None)
 
     start_time = timer()
-    batch_iter = batches.epoch(epoch, skip_batches=skip_batches, skip_examples=skip_examples)
+    batch_iter = batches.epoch(
+        epoch,
+        skip_batches=skip_batches,
+        skip_examples=skip_examples,
+        expect_examples=expect_examples,
+    )
     if (
         rank_resume is not None
         and int(resume["world_size"]) == ctx.world_size  # type: ignore[index]
     ):
         _set_rng_states(rank_resume["rng"])
-    steps_this_epoch = skip_batches + skip_examples
+    if resume is not None:
+        differed = ctx.all_reduce_sum([batches.replay_differed])[0]
+        if differed and ctx.is_main:
+            stdout.write(
+                msg.warn(
+                    f"The {skip_batches} batches replayed on rank 0 hold "
+                    f"{batches.replayed_examples} examples, the saved run trained "
+                    f"{expect_examples} in them (on {int(differed)} of {ctx.world_size} rank(s) "
+                    "they differ): the batcher's settings changed since the state was "
+                    "saved. Each rank skips the examples it trained on in this epoch "
+                    "instead, and batches the rest with the new settings."
+                )
+                + "\n"
+            )
+    # Whether some rank trained in this epoch already (a rank without data skips
+    # nothing): an epoch no rank trains in has no examples (E986).
+    steps_this_epoch = ctx.all_reduce_sum([skip_batches + skip_examples])[0]
     finished = False
     # SIGTERM: stop after the step in which some rank has it (stopping.py).
     stopped = False
