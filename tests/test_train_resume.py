@@ -292,6 +292,22 @@ def test_resume_refuses_a_state_that_is_not_json(copied):
     assert str(path) in str(info.value) and FIX in str(info.value)
 
 
+def test_resume_with_a_config_of_other_shapes_says_what_to_do(setup, copied, capsys):
+    """A resume whose config changes a width failed in thinc's from_disk with a
+    traceback ("Attempt to change dimension 'nO' ..."); now it says which config to
+    resume with."""
+    out, _, _ = copied
+    text = resume_fails(setup, out, capsys, **{"components.ner.model.hidden_width": 32})
+    saved = out / "training-state" / "model"
+    assert f"Could not load the saved pipeline {saved} into the pipeline of" in text
+    assert "Attempt to change dimension" in text
+    assert (
+        f"Resume with the config the run was started with (its copy: {saved / 'config.cfg'})"
+        in text
+    )
+    assert "Traceback" not in text
+
+
 def test_resume_after_the_last_epoch(setup, copied, capsys, tmp_path):
     """The run ended at max_epochs = 2. Resuming it with the same max_epochs trained on
     past it, until patience (thousands of steps here); now nothing is left to train and

@@ -127,6 +127,50 @@ def test_ranks_a_scheduler_stops_are_waited_for_not_killed(tmp_path):
     assert "Received" not in out  # the launcher itself got no signal
 
 
+# Rank 1 fails; rank 0 fails after it, as a rank whose collective breaks does.
+FAILING_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+out, rank, how = Path(os.environ["STOP_TEST_DIR"]), os.environ["RANK"], sys.argv[1]
+if rank == "1":
+    time.sleep(0.3)
+    (out / "failed1").write_text("")
+    if how == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)
+while not (out / "failed1").exists():
+    time.sleep(0.005)
+time.sleep(0.05 if how == "error" else 60)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(
+    "how,code,says",
+    [("error", 3, "exited with code 3 first"), ("killed", 137, "was killed by signal 9 first")],
+)
+def test_the_launcher_blames_the_rank_that_failed_first(tmp_path, how, code, says):
+    """Rank 1 fails and rank 0 follows 50 ms later, within one poll (1 s here): the
+    launcher blamed the lowest rank it found dead, rank 0, and returned its code. It
+    now blames the first to exit. A rank killed by SIGKILL (the out-of-memory killer)
+    made the launcher exit 1; now 137, as a shell says."""
+    launcher = LIGHT_IMPORT + (
+        "from spacy_lean.training.launch import launch_local\n"
+        "sys.exit(launch_local([sys.executable, '-c', sys.argv[1], sys.argv[2]], 2, "
+        "poll_s=1.0, grace_s=5.0, log=print))\n"
+    )
+    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", launcher, FAILING_CHILD, how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert f"Rank 1 of 2 {says}" in proc.stdout
+
+
 def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
     """SIGKILL leaves the launcher no chance to pass anything on: the ranks get SIGTERM
     anyway (parent-death signal) and stop as asked, instead of training on alone."""

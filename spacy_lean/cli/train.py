@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, NoReturn, Optional
 
 import typer
 from spacy import util
@@ -49,6 +49,13 @@ def _single_process_view() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+def _fail(msg: Printer, text: str) -> NoReturn:
+    """`msg.fail(text, exits=1)`, where only rank 0's printer prints: the other ranks
+    exit 1 quietly (a wasabi printer made with no_print exits with a stack trace)."""
+    msg.fail(text)
+    sys.exit(1)
 
 
 @lean_cli.command(
@@ -244,30 +251,40 @@ def train(
         try:
             state = read_training_state(output_path)
         except (FileNotFoundError, ValueError) as err:
-            msg.fail(str(err), exits=1)
+            _fail(msg, str(err))
         saved_model = Path(state["path"]) / "model"
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
             nlp = util.load_model_from_config(config, auto_fill=True)
-        nlp.from_disk(saved_model, exclude=["config"])
+        try:
+            nlp.from_disk(saved_model, exclude=["config"])
+        except ValueError as err:  # thinc: "Attempt to change dimension ..."
+            _fail(
+                msg,
+                f"Could not load the saved pipeline {saved_model} into the pipeline of "
+                f"{config_path} ({err}): a setting of the config that shapes the model "
+                "differs from the run's. Resume with the config the run was started with "
+                f"(its copy: {saved_model / 'config.cfg'}), or train again without --resume "
+                "(into another --output folder to keep this one).",
+            )
         msg.good(f"Loaded {saved_model} (step {state['step']})")
         try:
             training = nlp.config["training"]
             check_steps_left(state, training["max_steps"], training["max_epochs"])
         except ValueError as err:
-            msg.fail(str(err), exits=1)
+            _fail(msg, str(err))
     else:
         msg.divider("Initializing pipeline")
         try:
             with show_validation_error(config_path, hint_fill=False), _single_process_view():
                 nlp = init_nlp(config, use_gpu=dctx.gpu_id)
         except CorruptShardError as err:  # a data file: its message names it and the fix
-            msg.fail(str(err), exits=1)
+            _fail(msg, str(err))
         msg.good("Initialized pipeline")
     try:
         policy = update_policy(nlp, max_padded_tokens)
     except ValueError as err:
-        msg.fail(str(err), exits=1)
+        _fail(msg, str(err))
     msg.divider("Training pipeline")
     try:
         dctx.init()
@@ -281,7 +298,7 @@ def train(
             stderr=sys.stderr,
         )
     except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
-        msg.fail(str(err), exits=1)
+        _fail(msg, str(err))
     except TrainingStopped as stop:  # every rank, after the same step; rank 0 says it
         if output_path is None:
             saved = "Nothing was saved (no --output)."
@@ -294,7 +311,7 @@ def train(
         sys.exit(STOPPED_EXIT_CODE)
     except CorruptShardError as err:
         if not dctx.active:  # one process: the message, which names the file, is enough
-            msg.fail(str(err), exits=1)
+            _fail(msg, str(err))
         Printer().fail(f"Rank {dctx.rank} of {dctx.world_size} stopped: {err}", exits=1)
     except Exception as err:
         if dctx.active:

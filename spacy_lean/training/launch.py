@@ -54,7 +54,8 @@ def launch_local(
     log (Optional[Callable[[str], None]]): says why the run failed.
     warn (Optional[Callable[[str], None]]): says that the run is stopping, and stopped.
     RETURNS (int): 0 when every rank succeeded, STOPPED_EXIT_CODE when the ranks
-        stopped on request, else the first failing rank's code.
+        stopped on request, else the code of the rank that failed first (128 + S for
+        a rank killed by signal S).
     """
     base = dict(os.environ if env is None else env)
     base.update(
@@ -67,6 +68,17 @@ def launch_local(
     if "OMP_NUM_THREADS" not in base:
         base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     procs: List[subprocess.Popen] = []
+    # Ranks in the order they exited, each noted by a thread that waits for it: a
+    # rank that fails makes the others fail soon after (their collectives break),
+    # often within one poll, and the first to exit is the one to blame.
+    exited: List[int] = []
+    exited_lock = threading.Lock()
+
+    def note_exit(rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        with exited_lock:
+            exited.append(rank)
+
     failure: Optional[Tuple[int, int]] = None
     stopping: Optional[int] = None  # the signal the launcher received
 
@@ -79,6 +91,7 @@ def launch_local(
         for rank in range(nproc):
             child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
             procs.append(subprocess.Popen(list(argv), env=child_env))
+            threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
         try:
             while True:
                 if stop.requested and stopping is None:
@@ -89,11 +102,13 @@ def launch_local(
                             "step, saves the training state and exits."
                         )
                     pass_on(stopping)  # again: for a rank started after the signal
-                codes = [p.poll() for p in procs]
+                with exited_lock:
+                    order = list(exited)
+                codes = [p.returncode if r in order else None for r, p in enumerate(procs)]
                 # A rank killed by the forwarded signal before its training loop began
                 # (nothing to save yet) stopped as asked too.
                 stopped = (STOPPED_EXIT_CODE,) + ((-signal.SIGTERM,) if stopping else ())
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0) + stopped]
+                failed = [(r, codes[r]) for r in order if codes[r] not in (0,) + stopped]
                 if failed:
                     failure = failed[0]
                     break
@@ -122,13 +137,15 @@ def launch_local(
         if rank >= 0:
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             log(
-                f"Rank {rank} of {nproc} {how}; stopped the other ranks "
+                f"Rank {rank} of {nproc} {how} first; stopped the other ranks "
                 f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
-                "Resume from the last checkpoint with --resume."
+                "If it failed while training, the last checkpoint resumes with --resume."
             )
         else:
             log("Interrupted; stopped every rank.")
-    return code if code > 0 else 1
+    # A rank killed by signal S exits the launcher with 128 + S, as a shell reports it
+    # (137: SIGKILL, e.g. the kernel's out-of-memory killer).
+    return code if code > 0 else 128 - code
 
 
 def launched_by_us() -> bool:
