@@ -251,6 +251,30 @@ def test_damaged_bytes_and_other_formats(rich_file, tmp_path):
         DocBinReader(text)
 
 
+def test_a_file_that_unpacks_too_far_is_refused(tmp_path, monkeypatch):
+    """A 250 KB .spacy file held one doc of 20 million tokens (2.7 GB to read); files
+    that unpack to more than SPACY_LEAN_MAX_INFLATE_RATIO (500) times what was read
+    are refused, past INFLATE_FLOOR. Here the floor is 1 MB and the ratio 100: a doc of
+    one word 200,000 times unpacks ~300 times, a generated corpus ~20 times."""
+    monkeypatch.setattr(docbin_module, "INFLATE_FLOOR", 1 << 20)
+    monkeypatch.setenv("SPACY_LEAN_MAX_INFLATE_RATIO", "100")
+    vocab = Vocab()
+    bomb = tmp_path / "bomb.spacy"
+    DocBin(docs=[Doc(vocab, words=["the"] * 200_000)]).to_disk(bomb)
+    with pytest.raises(CorruptShardError, match=r"bomb\.spacy' unpacks to more than 100 times"):
+        list(iter_shard_docs(bomb, Vocab()))
+    nlp = spacy.blank("en")
+    fine = tmp_path / "fine.spacy"
+    DocBin(docs=synthetic.make_ner_docs(nlp, 300, seed=3)).to_disk(fine)
+    assert len(zlib.decompress(fine.read_bytes())) > 1 << 20
+    assert len(list(iter_shard_docs(fine, Vocab()))) == 300
+    monkeypatch.setenv("SPACY_LEAN_MAX_INFLATE_RATIO", "1000")
+    assert len(list(iter_shard_docs(bomb, Vocab()))[0]) == 200_000
+    monkeypatch.setenv("SPACY_LEAN_MAX_INFLATE_RATIO", "lots")
+    with pytest.raises(ValueError, match="SPACY_LEAN_MAX_INFLATE_RATIO must be a positive"):
+        list(iter_shard_docs(bomb, Vocab()))
+
+
 def test_a_span_past_the_docs_end_is_refused(tmp_path):
     """Span groups are stored without checks: a 246-byte file with a span ending at
     token 50,000,000 of a 3-token doc was read, and failed later, in whatever touched

@@ -98,6 +98,13 @@ INFLATE_CHUNK = 1 << 16
 # msgpack's Unpacker reads ahead by at most this much; a cursor keeps as much behind
 # its position, so what the Unpacker read but did not use can be given back.
 _UNPACK_READ = 1 << 14
+# A cursor that has made more than INFLATE_FLOOR bytes may have made at most this many
+# times the compressed bytes it read (SPACY_LEAN_MAX_INFLATE_RATIO): DocBins of text
+# unpack to about 5-30 times their size (a doc of one word repeated: 300), while a
+# crafted one unpacks to ~1000 times, a doc of millions of tokens in a few KB.
+MAX_INFLATE_RATIO_ENV = "SPACY_LEAN_MAX_INFLATE_RATIO"
+DEFAULT_MAX_INFLATE_RATIO = 500
+INFLATE_FLOOR = 64 << 20
 _ARRAY_SECTIONS = ("strings", "cats", "flags", "span_groups", "user_data")
 _BIN_SECTIONS = ("tokens", "spaces", "lengths")
 _State = Tuple[Any, int, bytes, bytes, int]
@@ -154,6 +161,10 @@ class _Inflater:
         self._buf = bytearray(buf)
         self._at = 0  # position of `pos` in `_buf`
         self._ended = False
+        # For the inflation limit: where this cursor began reading, what it has made.
+        self._started_at = self._offset - len(self._tail)
+        self._made = 0
+        self._max_ratio = max_inflate_ratio()
 
     def state(self) -> _State:
         """Where this reader is, to start other readers from (the zlib state is copied)."""
@@ -183,6 +194,17 @@ class _Inflater:
             self._ended = True
         elif self._ended:
             raise self.source.error("the compressed data ends early (the file is truncated)")
+        self._made += len(out)
+        if self._made > INFLATE_FLOOR:
+            read = max(1, self._offset - len(self._tail) - self._started_at)
+            if self._made > self._max_ratio * read:
+                raise CorruptShardError(
+                    f"'{self.source.path}' unpacks to more than {self._max_ratio} times its "
+                    f"size ({self._made:,} bytes from {read:,}), which no DocBin of text "
+                    "does (they unpack to 5-30 times their size): refused as a "
+                    "decompression bomb. If the file is genuine, set the environment "
+                    f"variable {MAX_INFLATE_RATIO_ENV} to a larger ratio."
+                )
         self._buf += out
         return True
 
@@ -225,6 +247,22 @@ class _Inflater:
             raise RuntimeError(f"Cannot step back {size} bytes, only {self._at} are kept.")
         self._at -= size
         self.pos -= size
+
+
+def max_inflate_ratio() -> int:
+    """The inflation limit of .spacy files (`SPACY_LEAN_MAX_INFLATE_RATIO`)."""
+    value = os.environ.get(MAX_INFLATE_RATIO_ENV)
+    if not value:
+        return DEFAULT_MAX_INFLATE_RATIO
+    try:
+        ratio = int(value)
+    except ValueError:
+        ratio = 0
+    if ratio <= 0:
+        raise ValueError(
+            f"{MAX_INFLATE_RATIO_ENV} must be a positive whole number (a ratio), got {value!r}."
+        )
+    return ratio
 
 
 def _unpacker(stream: _Inflater, hook: Any = None) -> _Unpacker:
