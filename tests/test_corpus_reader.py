@@ -270,6 +270,160 @@ def test_resume_of_a_piece_the_doc_no_longer_has_names_the_change(nlp, tmp_path)
         )
 
 
+def _edit(state, path, value):
+    """`state` with the field at `path` (keys) set to `value`, or deleted (`...`)."""
+    state = json.loads(json.dumps(state))
+    *parents, last = path
+    target = state
+    for part in parents:
+        target = target[part]
+    if value is ...:
+        del target[last]
+    else:
+        target[last] = value(target[last]) if callable(value) else value
+    return state
+
+
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        # The buffer: a reference twice (yielded twice), more than shuffle_buffer (50
+        # copies were read: one example 50 times), a million (read in seconds), fewer
+        # than a full buffer once examples were yielded, a piece after the position.
+        (("buffer", 1), [0, 8, 0], "buffer[1] = [0, 8, 0], expected a piece not already in"),
+        (("buffer",), lambda b: b * 50, "len(buffer) = 200, expected at most shuffle_buffer = 4"),
+        (("buffer",), [[0, 0, 0]] * 10**6, "len(buffer) = 1000000, expected at most"),
+        (("buffer",), lambda b: b[:2], "len(buffer) = 2, expected shuffle_buffer = 4 (a full"),
+        (("buffer", 2), [0, 10**15, 0], "buffer[2] = [0, 1000000000000000, 0], expected a piece"),
+        # The position: a shard past the corpus's (it ended the epoch), the end of the
+        # shards before they are read, a doc's 0 pieces read after the first example.
+        (("pos",), [5, 0, 0], "pos = [5, 0, 0], expected [shard, doc, piece] with shard < 3"),
+        (("pos",), [3, 1, 0], "pos = [3, 1, 0], expected"),
+        (("done",), True, "pos = [0, 9, 1], expected [3, 0, 0] (the end of this worker's 3"),
+        (("done",), "yes", "done = yes, expected true or false"),
+        (("pos",), [0, 9, 0], "pos = [0, 9, 0], expected a piece >= 1"),
+        (("done",), ..., "done = nothing (the field is missing)"),
+        # The RNG state, as numpy's PCG64 takes it (numpy took has_uint32 = 7; the
+        # others failed on the first example, with errors that named no field).
+        (("rng",), None, "rng = None, expected the RNG state of a stream that has started"),
+        (("rng", "has_uint32"), 7, "rng.has_uint32 = 7, expected 0 or 1"),
+        (("rng", "uinteger"), -5, "rng.uinteger = -5, expected a whole number below 2**32"),
+        (("rng", "uinteger"), 2**32, "rng.uinteger = 4294967296, expected"),
+        (("rng", "state", "state"), "1" * 5000, "rng.state.state = 11111111"),
+        (("rng", "state", "state"), str(2**128), f"rng.state.state = {2**128}, expected"),
+        (("rng", "state", "inc"), "-3", "rng.state.inc = -3, expected a whole number"),
+        (("rng", "state", "inc"), "4", "rng.state.inc = 4, expected an odd number"),
+        (("rng", "bit_generator"), "MT19937", "rng.bit_generator = MT19937, expected 'PCG64'"),
+        (("rng", "state"), "0", "rng.state = 0, expected an object of 'state' and 'inc'"),
+        (("rng", "extra"), 1, "rng = {'bit_generator'"),
+    ],
+)
+def test_set_state_refuses_a_state_the_reader_never_writes(nlp, shard_dir, path, value, message):
+    """An edited state that the reader could not have written is refused by set_state,
+    before anything changes, with the field and its value named; before, these were
+    accepted (and yielded examples twice, skipped or ended the epoch, or raised bare
+    numpy errors on the first example)."""
+    settings = dict(shuffle=True, shuffle_buffer=4, seed=1)
+    stream = LeanCorpus(shard_dir, **settings)(nlp)
+    for _ in range(6):
+        next(stream)
+    state = stream.state()
+    assert state["pos"] == [0, 9, 1] and state["buffer"][0] == [0, 8, 0]
+    edited = _edit(state, path, value)
+    corpus = LeanCorpus(shard_dir, **settings)
+    with pytest.raises(ValueError, match=re.escape(message) + ".*it was edited or damaged"):
+        corpus.set_state(edited)
+    assert corpus.epoch == 0 and corpus._resume is None
+    with pytest.raises(ValueError, match=re.escape(message)):
+        corpus.stream(nlp, state=edited)
+    corpus.set_state(state)  # the state as written still resumes
+    rest = [key(eg) for eg in corpus(nlp)]
+    assert len(rest) == 70 - 6 and len(set(rest)) == len(rest)
+
+
+def test_set_state_refuses_a_buffer_when_shuffle_is_off(nlp, shard_dir):
+    stream = LeanCorpus(shard_dir)(nlp)
+    next(stream)
+    state = dict(stream.state(), buffer=[[0, 0, 0]])
+    with pytest.raises(ValueError, match=re.escape("len(buffer) = 1, expected 0 (shuffle is off)")):
+        LeanCorpus(shard_dir).set_state(state)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_resume_refuses_a_position_the_shard_does_not_have(nlp, tmp_path, compact):
+    """A doc or piece index past the shard's (or a shard index past the compact chunks,
+    which are built on the first call) is refused when the stream reaches it, naming
+    the position; before, the pieces up to it were skipped without a word."""
+    path = write_shard(tmp_path / "one.spacy", 12, seed=5)
+    settings = dict(max_length=15, compact=compact, compact_chunk=100)
+    full = [key(eg) for eg in LeanCorpus(path, **settings)(nlp)]
+    stream = LeanCorpus(path, **settings)(nlp)
+    for _ in range(5):
+        next(stream)
+    state = stream.state()
+    p, d, k = state["pos"]
+    doc = "compact chunk 0" if compact else f"'{path}'"
+    edits = [
+        ([p, d, k + 10**6], f"expected a piece of a doc this worker reads (doc {d} of {doc} has"),
+        ([p, d + 10**6, 1], f"({doc} has no doc {d + 10**6} that this worker reads)"),
+    ]
+    if compact:  # doc d of a compact chunk is piece d, of one piece
+        edits.append(([p, d, 2], f"(doc {d} of compact chunk 0 has 1 piece(s))"))
+        edits.append(([5, 0, 1], "expected [shard, doc, piece] with shard < 1"))
+    for pos, message in edits:
+        corpus = LeanCorpus(path, **settings)
+        corpus.set_state(dict(state, pos=pos))  # the pieces are known when they are read
+        with pytest.raises(ValueError, match=re.escape(f"pos = {pos}, expected ")) as info:
+            list(corpus(nlp))
+        assert message in str(info.value)
+    corpus = LeanCorpus(path, **settings)
+    corpus.set_state(state)
+    assert full[:5] + [key(eg) for eg in corpus(nlp)] == full
+
+
+@pytest.mark.parametrize("share_by", ["doc", "shard"])
+def test_resume_of_a_workers_share_refuses_another_workers_docs(nlp, shard_dir, share_by):
+    """Every state a worker's stream writes (with limit, shuffled, docs split) resumes
+    exactly; a position past the worker's shards (share_by = "shard": it ended the
+    epoch), or a position or buffered piece edited to another worker's doc (doc i of
+    shard s is worker (s + i) % workers'), is refused."""
+    settings = dict(
+        max_length=15,
+        limit=50,
+        shuffle=True,
+        shuffle_buffer=3,
+        seed=2,
+        instance_rank=1,
+        num_instances=2,
+        share_by=share_by,
+    )
+    full = [key(eg) for eg in LeanCorpus(shard_dir, **settings)(nlp)]
+    assert full
+    states = []
+    for stop in range(0, len(full) + 1, 7):
+        stream = LeanCorpus(shard_dir, **settings)(nlp)
+        head = [key(next(stream)) for _ in range(stop)]
+        states.append(json.loads(json.dumps(stream.state())))
+        corpus = LeanCorpus(shard_dir, **settings)
+        corpus.set_state(states[-1])
+        assert head + [key(eg) for eg in corpus(nlp)] == full, stop
+    state = next(s for s in states if s["yielded"] and not s["done"])
+    p, d, k = state["pos"]
+    if share_by == "shard":  # worker 1 of 2 reads one of the 3 shards limit leaves
+        message = f"pos = [1, {d}, {k}], expected [shard, doc, piece] with shard < 1"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            LeanCorpus(shard_dir, **settings).set_state(dict(state, pos=[1, d, k]))
+        return
+    with pytest.raises(ValueError, match=re.escape(f"pos = {[p, d + 1, 1]}, expected a doc of")):
+        LeanCorpus(shard_dir, **settings).set_state(dict(state, pos=[p, d + 1, 1]))
+    i, (u, rd, rk) = next((i, r) for i, r in enumerate(state["buffer"]) if r[1] >= 1)
+    other = list(state["buffer"])
+    other[i] = [u, rd - 1, 0]
+    message = f"buffer[{i}] = {[u, rd - 1, 0]}, expected a doc of worker 1 of 2"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LeanCorpus(shard_dir, **settings).set_state(dict(state, buffer=other))
+
+
 @pytest.mark.parametrize("share_by", ["doc", "shard"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_rank_shares_disjoint_and_complete(nlp, shard_dir, share_by, n):

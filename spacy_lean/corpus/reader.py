@@ -4,7 +4,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy
 from spacy.language import Language
@@ -263,34 +263,21 @@ class LeanCorpus:
         }
 
     def _check_state(self, state: Dict[str, Any]) -> None:
+        """Refuse (ValueError naming the field and its value) a state the reader could
+        not have written for this corpus and these settings, before anything is
+        changed. What needs the corpus's pieces (a doc or piece index past the doc's)
+        is checked when the stream reaches it (`CorpusStream._pieces`); with compact,
+        so is the shard index until the compact chunks are built."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(
                 f"Not a spacy-lean corpus state (version {STATE_VERSION}): {str(state)[:80]!r}."
             )
-
-        def whole(value: Any) -> bool:
-            return type(value) is int and value >= 0
-
-        def refuse(field: str, value: Any, expected: str) -> None:
-            raise ValueError(
-                f"The saved corpus state has {field} = {str(value)[:80]}, expected {expected}: "
-                "it was edited or damaged (the reader never writes that). Start the epoch "
-                "again without the state."
-            )
-
-        pos, buffer = state.get("pos"), state.get("buffer")
-        if not (isinstance(pos, list) and len(pos) == 3 and all(whole(v) for v in pos)):
-            refuse("pos", pos, "[shard, doc, piece]: three whole numbers >= 0")
-        if not isinstance(buffer, list):
-            refuse("buffer", buffer, "a list of [shard, doc, piece] references")
-        for i, ref in enumerate(buffer):
-            if not (isinstance(ref, list) and len(ref) == 3 and all(whole(v) for v in ref)):
-                refuse(f"buffer[{i}]", ref, "[shard, doc, piece]: three whole numbers >= 0")
-        for key in ("epoch", "yielded"):
-            if not whole(state.get(key, 0)):
-                refuse(key, state.get(key), "a whole number >= 0")
-        if not isinstance(state.get("settings"), dict):
-            refuse("settings", state.get("settings"), "the reader's settings (an object)")
+        refuse = _refuse_state
+        for key in ("epoch", "pos", "done", "yielded", "buffer", "rng", "settings"):
+            if key not in state:
+                refuse(key, "nothing (the field is missing)", "the field the reader writes")
+        if not isinstance(state["settings"], dict):
+            refuse("settings", state["settings"], "the reader's settings (an object)")
         ours = self._fingerprint()
         diff = {k: (v, ours.get(k)) for k, v in state["settings"].items() if ours.get(k) != v}
         if diff:
@@ -299,6 +286,134 @@ class LeanCorpus:
                 f"The saved corpus state was taken with other settings ({detail}). "
                 "Resume with the settings it was saved with."
             )
+        for key in ("epoch", "yielded"):
+            if not _whole(state[key]):
+                refuse(key, state[key], "a whole number >= 0")
+        if type(state["done"]) is not bool:
+            refuse("done", state["done"], "true or false")
+        pos, buffer = state["pos"], state["buffer"]
+        if not (isinstance(pos, list) and len(pos) == 3 and all(_whole(v) for v in pos)):
+            refuse("pos", pos, "[shard, doc, piece]: three whole numbers >= 0")
+        if not isinstance(buffer, list):
+            refuse("buffer", buffer, "a list of [shard, doc, piece] references")
+        size = self.shuffle_buffer if self.shuffle else 0
+        if len(buffer) > size:  # before reading them: a huge list is refused at once
+            refuse(
+                "len(buffer)",
+                len(buffer),
+                f"at most shuffle_buffer = {size}" if self.shuffle else "0 (shuffle is off)",
+            )
+        seen: Dict[Tuple[int, ...], int] = {}
+        for i, ref in enumerate(buffer):
+            if not (isinstance(ref, list) and len(ref) == 3 and all(_whole(v) for v in ref)):
+                refuse(f"buffer[{i}]", ref, "[shard, doc, piece]: three whole numbers >= 0")
+            j = seen.setdefault(tuple(ref), i)
+            if j != i:
+                refuse(
+                    f"buffer[{i}]",
+                    ref,
+                    f"a piece not already in the buffer (buffer[{j}] is the same: it would be "
+                    "yielded twice)",
+                )
+        if self.shuffle and not state["done"] and len(buffer) < size and state["yielded"]:
+            # The buffer is filled before the first example is yielded, and stays full
+            # until the epoch's shards are read (done).
+            refuse(
+                "len(buffer)",
+                len(buffer),
+                f"shuffle_buffer = {size} (a full buffer) once examples were yielded "
+                f"(yielded = {state['yielded']}) and the shards are not all read (done = false)",
+            )
+        rng = state["rng"]
+        if rng is None:
+            # Only a stream that has not started has no RNG state.
+            if pos != [0, 0, 0] or buffer or state["done"] or state["yielded"]:
+                refuse(
+                    "rng",
+                    None,
+                    "the RNG state of a stream that has started (pos, buffer, done and yielded "
+                    "say it has)",
+                )
+        else:
+            _check_rng_state(rng)
+        if not self.compact or (
+            self._compact_chunks is not None and self._compact_share == self.rank_and_size
+        ):
+            self._check_position(state, self._epoch_order(state["epoch"], warn=False)[0])
+
+    def _epoch_order(
+        self, epoch: int, warn: bool = True
+    ) -> Tuple[List[int], numpy.random.Generator]:
+        """The units epoch `epoch` reads, in order, and the RNG that shuffled them."""
+        rng = numpy.random.Generator(numpy.random.PCG64([self.seed, epoch]))
+        order = self._units(warn=warn)
+        if self.shuffle:
+            order = [order[i] for i in rng.permutation(len(order))]
+        return order, rng
+
+    def _check_position(self, state: Dict[str, Any], order: Sequence[int]) -> None:
+        """Refuse a state (checked by `_check_state`) whose position or buffer does not
+        fit the epoch's `order` of units: a position past them, or a buffered piece not
+        read before the position (it would be yielded twice)."""
+        refuse = _refuse_state
+        n, pos = len(order), state["pos"]
+        p, d, k = pos
+        what = "compact chunk(s)" if self.compact else "shard(s)"
+        end = [n, 0, 0]
+        if state["done"] and pos != end:
+            refuse("pos", pos, f"{end} (the end of this worker's {n} {what}): done is true")
+        if p > n or (p == n and pos != end):
+            refuse(
+                "pos",
+                pos,
+                f"[shard, doc, piece] with shard < {n} (this worker reads {n} {what}), or "
+                f"{end} (the end)",
+            )
+        if k == 0 and pos not in ([0, 0, 0], end):
+            refuse(
+                "pos",
+                pos,
+                "a piece >= 1 ([shard, doc, pieces of the doc read]) after the first example",
+            )
+        rank, size = self.rank_and_size
+        by_doc = not self.compact and self.share_by == "doc" and size > 1
+        if by_doc and k and p < n and (order[p] + d) % size != rank:
+            refuse(
+                "pos",
+                pos,
+                f"a doc of worker {rank} of {size} (doc i of shard s is read by "
+                "worker (s + i) % workers)",
+            )
+        at = {u: i for i, u in enumerate(order)}
+        for i, ref in enumerate(state["buffer"]):
+            u, rd, rk = ref
+            if u not in at:  # not a shard of the corpus: "Could not restore the buffer"
+                continue
+            if (at[u], rd, rk + 1) > (p, d, k):
+                refuse(
+                    f"buffer[{i}]",
+                    ref,
+                    f"a piece read before pos = {pos} (one read after it would be yielded twice)",
+                )
+            if by_doc and (u + rd) % size != rank:
+                refuse(
+                    f"buffer[{i}]",
+                    ref,
+                    f"a doc of worker {rank} of {size} (doc i of shard s is read by worker "
+                    "(s + i) % workers)",
+                )
+
+    def _refuse_position(
+        self, pos: Sequence[int], unit: int, doc: int, found: Optional[int], pieces: List[Doc]
+    ) -> NoReturn:
+        """Refuse a resumed position [shard, doc, piece] that the unit's docs do not
+        have (`found`: the first doc from `doc` on that this worker reads, or None)."""
+        where = f"compact chunk {unit}" if self.compact else f"'{self.shards[unit]}'"
+        if found == doc:
+            has = f"doc {doc} of {where} has {len(pieces)} piece(s)"
+        else:
+            has = f"{where} has no doc {doc} that this worker reads"
+        _refuse_state("pos", list(pos), f"a piece of a doc this worker reads ({has})")
 
     def _get_splitter(self) -> DocSplitter:
         if self._splitter is None:
@@ -329,8 +444,9 @@ class LeanCorpus:
             self._limit_plan = plan
         return self._limit_plan
 
-    def _units(self) -> List[int]:
-        """The units this worker reads: shard indices, or compact chunk indices."""
+    def _units(self, warn: bool = True) -> List[int]:
+        """The units this worker reads: shard indices, or compact chunk indices (`warn`:
+        warn when share_by = 'shard' leaves this worker none)."""
         if self.compact:
             return list(range(len(self._compact_chunks or [])))
         units = list(range(len(self.shards)))
@@ -339,7 +455,7 @@ class LeanCorpus:
             units = [u for u in units if u in plan]
         if self.share_by == "shard":
             rank, size = self.rank_and_size
-            if rank >= len(units):
+            if rank >= len(units) and warn:
                 self._warn_left_out(
                     f"{len(units)} shard(s)",
                     "Use share_by = 'doc' (every worker takes its share of the docs of every "
@@ -603,13 +719,12 @@ class CorpusStream:
         corpus.stats = stats
         if corpus.compact:
             stats.merge(corpus._compact_stats)  # type: ignore[arg-type]
-        rng = numpy.random.Generator(numpy.random.PCG64([corpus.seed, self.epoch]))
-        order = corpus._units()
-        if corpus.shuffle:
-            order = [order[i] for i in rng.permutation(len(order))]
+        order, rng = corpus._epoch_order(self.epoch)
         self._rng = rng
         pos, doc_start, piece_start = self._pos
         if self._start is not None:
+            # With compact, the units are known only now; the rest is checked again.
+            corpus._check_position(self._start, order)
             if self._start["rng"] is not None:
                 rng.bit_generator.state = _rng_from_json(self._start["rng"])
             self._buffer = corpus._restore_buffer(nlp, self._start["buffer"])
@@ -620,7 +735,14 @@ class CorpusStream:
             for p in range(pos, len(order)):
                 unit = order[p]
                 skip = doc_start if p == pos else 0
+                # Resuming inside a doc: it must be this worker's next doc, with that
+                # many pieces (else pieces would be skipped, or the shard's docs).
+                resuming = p == pos and piece_start > 0
                 for d, pieces in corpus._unit_pieces(nlp, unit, split_stats, skip):
+                    if resuming:
+                        resuming = False
+                        if d != doc_start or piece_start > len(pieces):
+                            corpus._refuse_position(self._pos, unit, doc_start, d, pieces)
                     corpus._note_oversize(split_stats, unit, d)
                     first = piece_start if (p == pos and d == doc_start) else 0
                     for k in range(first, len(pieces)):
@@ -639,6 +761,8 @@ class CorpusStream:
                             stats.examples += 1
                             self._yielded += 1
                             yield out[1]
+                if resuming:  # the shard ended before the doc
+                    corpus._refuse_position(self._pos, unit, doc_start, None, [])
             if self._start is None and not corpus.compact:  # a whole pass: all is counted
                 corpus._check_doc_share(split_stats)
             self._done = True
@@ -674,3 +798,56 @@ def _rng_from_json(state: Dict[str, Any]) -> Dict[str, Any]:
         "has_uint32": state["has_uint32"],
         "uinteger": state["uinteger"],
     }
+
+
+def _whole(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _refuse_state(field: str, value: Any, expected: str) -> NoReturn:
+    """Refuse an edited or damaged corpus state, naming the field and its value."""
+    try:
+        shown = str(value)[:80]
+    except ValueError:  # an int with more digits than Python prints
+        shown = f"a {type(value).__name__} too large to print"
+    raise ValueError(
+        f"The saved corpus state has {field} = {shown}, expected {expected}: "
+        "it was edited or damaged (the reader never writes that). Start the epoch "
+        "again without the state."
+    )
+
+
+_RNG_KEYS = {"bit_generator", "state", "has_uint32", "uinteger"}
+
+
+def _check_rng_state(rng: Any) -> None:
+    """Refuse an RNG state (as `_jsonable_rng` writes it) numpy's PCG64 would not take
+    as the reader's: each field within its bit width, then set on a fresh generator."""
+    refuse = _refuse_state
+    if not (isinstance(rng, dict) and set(rng) == _RNG_KEYS):
+        refuse("rng", rng, f"null or a PCG64 state (an object of {sorted(_RNG_KEYS)})")
+    if rng["bit_generator"] != "PCG64":
+        refuse("rng.bit_generator", rng["bit_generator"], "'PCG64' (the reader's generator)")
+    inner = rng["state"]
+    if not (isinstance(inner, dict) and set(inner) == {"state", "inc"}):
+        refuse("rng.state", inner, "an object of 'state' and 'inc'")
+    for key in ("state", "inc"):
+        value = inner[key]
+        if not (
+            isinstance(value, str)
+            and 0 < len(value) <= 39
+            and value.isascii()
+            and value.isdigit()
+            and int(value) < 2**128
+        ):
+            refuse(f"rng.state.{key}", value, "a whole number below 2**128, in decimal digits")
+    if int(inner["inc"]) % 2 == 0:
+        refuse("rng.state.inc", inner["inc"], "an odd number (PCG64's increment is odd)")
+    if type(rng["has_uint32"]) is not int or rng["has_uint32"] not in (0, 1):
+        refuse("rng.has_uint32", rng["has_uint32"], "0 or 1")
+    if not (_whole(rng["uinteger"]) and rng["uinteger"] < 2**32):
+        refuse("rng.uinteger", rng["uinteger"], "a whole number below 2**32")
+    try:
+        numpy.random.PCG64().state = _rng_from_json(rng)
+    except (TypeError, ValueError, OverflowError) as err:
+        refuse("rng", rng, f"a PCG64 state numpy takes ({err})")
