@@ -256,7 +256,9 @@ class StreamingEvaluator:
     x the longest doc's tokens), a window at most as many tokens as its batches would
     hold (`window_size / batch_size` x `max_batch_tokens`); a single doc longer than
     that is a batch (and a window) of its own. A batch that runs out of GPU memory is
-    halved and retried; later batches keep the smaller size and budget.
+    halved and retried; later batches keep the smaller size and budget. Empty docs are
+    piped as `Language.evaluate` pipes them (`_empty_docs`): with a non-empty doc, over
+    `batch_size`, unless their batch there holds only empty docs.
     """
 
     def __init__(
@@ -347,6 +349,12 @@ class StreamingEvaluator:
         self.sort_spans = sort_spans
         self._oom_types = cuda_oom_errors()
         self.n_examples = 0  # examples consumed from the stream, skipped ones included
+        # Empty docs are piped as `Language.evaluate` pipes them: in a batch with a
+        # non-empty doc unless their batch of `batch_size` there holds only empty docs
+        # (spaCy's textcat gives those zeros, the others its model's output).
+        self._stock_batch_size = batch_size
+        self._empty_run = 0  # empty docs right before the window, at most a batch's
+        self._window_followed = False  # a non-empty doc ends the window's last batch
         self.n_batches = 0
         self.n_words = 0
         self.oom_events: List[Tuple[int, int]] = []
@@ -395,33 +403,94 @@ class StreamingEvaluator:
 
     def _windows(self, stream: Iterator[Any]) -> Iterator[List[Example]]:
         """Cut the stream into windows of at most `window_size` examples and
-        `window_tokens` tokens; an example longer than that is a window of its own."""
+        `window_tokens` tokens; an example longer than that is a window of its own.
+        A window that ends in empty docs takes the empty docs after them in their
+        `Language.evaluate` batch too (they hold no tokens), and notes whether a
+        non-empty doc follows in that batch (`_window_followed`)."""
+        size = self._stock_batch_size
+        g = self.n_examples  # the stream position of the next example
         window: List[Example] = []
         n_tokens = 0
-        for eg in stream:
-            if not isinstance(eg, Example):
-                validate_examples([eg], "Language.evaluate")  # raises spaCy's TypeError
+        pending: Optional[Example] = None
+        while True:
+            if pending is not None:
+                eg, pending = pending, None
+            else:
+                eg = next(stream, None)
+                if eg is None:
+                    break
+                if not isinstance(eg, Example):
+                    validate_examples([eg], "Language.evaluate")  # raises spaCy's TypeError
             length = len(eg.predicted)
             if window and (
                 len(window) >= self.window_size or n_tokens + length > self.window_tokens
             ):
+                followed = False
+                if len(window[-1].predicted) == 0:
+                    while g % size and len(eg.predicted) == 0:
+                        window.append(eg)
+                        g += 1
+                        eg = next(stream, None)
+                        if eg is None:
+                            break
+                        if not isinstance(eg, Example):
+                            validate_examples([eg], "Language.evaluate")
+                    followed = eg is not None and g % size != 0
+                self._window_followed = followed
                 yield window
                 window, n_tokens = [], 0
+                if eg is None:
+                    return
+                length = len(eg.predicted)
             window.append(eg)
+            g += 1
             n_tokens += length
         if window:
+            self._window_followed = False
             yield window
 
     def _evaluate_window(self, window: List[Example]) -> None:
         lengths = [len(eg.predicted) for eg in window]
-        order: Iterable[int] = range(len(window))
+        order: Iterable[int] = [i for i, n in enumerate(lengths) if n]
         if self.sort_window:
             order = sorted(order, key=lengths.__getitem__)
+        batches = list(self._batches(order, lengths))
+        alone, joined = self._empty_docs(lengths)
+        n = len(window)
+        if joined:
+            if not batches:  # a doc to pipe them with, whose output is not scored
+                window = window + [Example(self.nlp.make_doc("x"), self.nlp.make_doc("x"))]
+                batches = [[n]]
+            batches[0] = joined + batches[0]
+        size = self._stock_batch_size
+        batches += [alone[k : k + size] for k in range(0, len(alone), size)]
         scored: List[Optional[Example]] = [None] * len(window)
-        for indices in self._batches(order, lengths):
+        for indices in batches:
             for i, eg in zip(indices, self._pipe_batch([window[i] for i in indices])):
                 scored[i] = eg
-        self.state.update(scored)
+        self.state.update(scored[:n])
+        trailing = next((k for k, length in enumerate(reversed(lengths)) if length), n)
+        run = trailing + (self._empty_run if trailing == n else 0)
+        self._empty_run = min(run, size)
+
+    def _empty_docs(self, lengths: List[int]) -> Tuple[List[int], List[int]]:
+        """The window's empty docs: those `Language.evaluate` pipes in a batch of empty
+        docs only, and the others (piped with a non-empty doc)."""
+        size, start, n = self._stock_batch_size, self.n_examples, len(lengths)
+        alone: List[int] = []
+        joined: List[int] = []
+        for i, length in enumerate(lengths):
+            if length:
+                continue
+            first = start + i - (start + i) % size  # its batch in Language.evaluate
+            end = first + size
+            nonempty = (
+                (first < start and start - first > self._empty_run)
+                or any(lengths[max(first - start, 0) : min(end - start, n)])
+                or (end > start + n and self._window_followed)
+            )
+            (joined if nonempty else alone).append(i)
+        return alone, joined
 
     def _batches(self, order: Iterable[int], lengths: List[int]) -> Iterator[List[int]]:
         """Cut `order` into batches of at most `batch_size` docs and `max_batch_tokens`

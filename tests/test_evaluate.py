@@ -185,6 +185,66 @@ class OOMAbove:
             yield from batch
 
 
+@pytest.fixture(scope="module")
+def textcat_nlp():
+    """A multilabel textcat: spaCy's gives the docs of a batch of empty docs only
+    zeros, and an empty doc batched with others its model's output."""
+    nlp = spacy.blank("en")
+    textcat = nlp.add_pipe("textcat_multilabel")
+    for label in ("A", "B"):
+        textcat.add_label(label)
+    nlp.initialize()
+    return nlp
+
+
+def _empty_doc_examples(nlp, pattern):
+    """Examples whose docs are empty where `pattern` has 0, with gold cats."""
+    words = "the cat sat on a mat while it rained".split()
+    examples = []
+    for i, n in enumerate(pattern):
+        reference = nlp.make_doc(" ".join(words[(i + k) % len(words)] for k in range(n)))
+        reference.cats = {"A": float(i % 3 == 0), "B": float(i % 2 == 0)}
+        examples.append(Example(nlp.make_doc(reference.text), reference))
+    return examples
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        [4, 0, 2, 0, 6, 0, 0, 1, 0, 3, 0, 0, 0, 0, 5, 0, 2],
+        [0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        [0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    ],
+)
+def test_empty_docs_are_piped_as_nlp_evaluate_pipes_them(textcat_nlp, pattern):
+    """Sorted by length, a window's empty docs made batches of their own, where spaCy's
+    textcat gives zeros: with every other doc empty, cats_score was 0.5 against
+    nlp.evaluate's 0.83. Now an empty doc is piped with a non-empty one, unless
+    nlp.evaluate's batch of it holds empty docs only, at any batch size, window and
+    token budget (a window ending in empty docs takes those after them in that
+    batch, to know)."""
+    differs = 0
+    for batch_size in (1, 2, 3, 4, 5):
+        expected = textcat_nlp.evaluate(
+            _empty_doc_examples(textcat_nlp, pattern), batch_size=batch_size
+        )
+        for window_size in (None, 0, 2, 3, 7):
+            for budget in (None, 6):
+                ours = evaluate(
+                    textcat_nlp,
+                    _empty_doc_examples(textcat_nlp, pattern),
+                    batch_size=batch_size,
+                    window_size=window_size,
+                    max_batch_tokens=budget,
+                )
+                assert_same_scores(ours, expected)
+        whole = textcat_nlp.evaluate(
+            _empty_doc_examples(textcat_nlp, pattern), batch_size=len(pattern)
+        )
+        differs += dict(expected, speed=0) != dict(whole, speed=0)
+    assert differs  # the batches of empty docs matter: the test can tell
+
+
 def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
     expected = trf_ner_nlp.evaluate(fresh_examples(trf_ner_nlp, gold_docs), batch_size=8)
     oom = trf_ner_nlp.add_pipe("test_oom_above", config={"max_docs": 3})
