@@ -96,8 +96,9 @@ def test_resume_with_another_batch_size_skips_the_examples_trained(setup, tmp_pa
     """Resumed on as many ranks, a run replays the batches the saved run trained. With
     another batch size (a usual answer to running out of memory) those batches held
     other examples: after 3 batches of 2, batch size 4 replayed the whole epoch of 8
-    examples, so the 2 the saved run had not trained were never trained in it. The replay is checked against the examples the
-    saved run counted; when they differ, each rank skips those examples instead."""
+    examples, so the 2 the saved run had not trained were never trained in it. The
+    replay is checked against the examples the saved run counted; when they differ,
+    each rank skips those examples instead."""
     config = spacy.util.load_config(setup / "config.cfg")
     config["training"]["batcher"] = {
         "@batchers": "spacy.batch_by_sequence.v1",
