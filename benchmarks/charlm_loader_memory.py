@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 APPROACHES = ["lean", "int64_tensor", "flair_textdataset"]
 BATCH_SIZE = 100
@@ -202,9 +202,7 @@ def main() -> None:
         "vocab_size": len(dictionary),
         "batch_size": BATCH_SIZE,
         "bptt": BPTT,
-        "command": "python benchmarks/charlm_loader_memory.py"
-        + (" --quick" if args.quick else "")
-        + (f" --mb {args.mb:g}" if args.mb is not None else ""),
+        "command": command_line(__file__),
         "results": results,
     }
     if "lean" in results:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _procmem import proc_status, reset_peak  # noqa: E402
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 # Hidden 1024 at 200,000 characters: the whole-doc LSTM call fails on torch's CPU LSTM
 # (oneDNN, recorded as the arm's error); at 100,000 characters it runs.
@@ -328,14 +328,9 @@ def main() -> None:
         hidden, chars, chunks, repeats = item.split(":")
         chunk_list = [int(c) for c in chunks.split("/")]
         configs.append((int(hidden), int(chars), chunk_list, int(repeats)))
-    command = "nice -n 10 python benchmarks/charlm_long_doc.py"
-    command += " --quick" if args.quick else ""
-    command += f' --configs "{args.configs}"' if args.configs is not None else ""
-    command += f" --short-docs {args.short_docs}" if args.short_docs else ""
-    command += f" --baseline-src {args.baseline_src}" if args.baseline_src else ""
     report = {
         "benchmark": "charlm_long_doc",
-        "command": command,
+        "command": command_line(__file__),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "threads": 1,

@@ -42,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 # (hidden size, threads). (256, 1) is an extra: on a shared machine a second intra-op
 # thread can make any LSTM many times slower, and one thread per side is the steadier
@@ -270,6 +270,8 @@ def main() -> None:
         configs = [tuple(int(v) for v in item.split(":")) for item in args.configs.split(",")]
     report = {
         "benchmark": "charlm_speed",
+        # Which Python ran it matters: one with Flair.
+        "command": command_line(__file__, python=sys.executable),
         "n_sentences": args.n_sentences,
         "batch_size": args.batch_size,
         "torch": torch.__version__,

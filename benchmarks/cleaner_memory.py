@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 MODES = {
     "tokenizer_only": "docs from the tokenizer alone: the docs' own memory",
@@ -333,7 +333,7 @@ def main():
                     ratios[f"gpu_kept stock/{mode}"] = round(base / entry["gpu_kept_kb_per_doc"], 1)
     report = {
         "benchmark": "cleaner_memory",
-        "command": "python " + " ".join(["benchmarks/cleaner_memory.py"] + sys.argv[1:]),
+        "command": command_line(__file__),
         "what": "KB per kept doc (slope between the smallest and largest size) of "
         "docs = list(nlp.pipe(texts)), each point in a fresh process after a discarded "
         "warm-up pass over the same texts: peak_rss = growth of peak RSS (VmHWM); "

@@ -12,7 +12,8 @@ costs is measured, not estimated. Scores must be identical in every arm.
     nice -n 10 python benchmarks/eval_batch_budget.py [--docs 300] [--repeats 3]
         [--work-dir DIR] [--threads 2]
 
-Prints JSON and writes benchmarks/results/eval_batch_budget.json.
+Prints JSON and writes benchmarks/results/eval_batch_budget.json. Models and data go to
+--work-dir (kept, and reused by later runs) or to a temporary folder removed at the end.
 """
 
 import argparse
@@ -21,11 +22,11 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _report import command_line, work_folder  # noqa: E402
 from eval_memory import build_data, build_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "eval_batch_budget.json"
@@ -109,17 +110,16 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_batch_budget_"))
-    work.mkdir(parents=True, exist_ok=True)
-    data = build_data(work, args.docs, [args.docs])["file"][args.docs]
     load = os.getloadavg()
-    results = {
-        kind: measure(kind, build_model(work, kind), data, args.repeats, args.threads)
-        for kind in args.models
-    }
+    with work_folder(args.work_dir, "eval_batch_budget_") as work:
+        data = build_data(work, args.docs, [args.docs])["file"][args.docs]
+        results = {
+            kind: measure(kind, build_model(work, kind), data, args.repeats, args.threads)
+            for kind in args.models
+        }
     report = {
         "benchmark": "eval_batch_budget",
-        "command": "nice -n 10 python benchmarks/eval_batch_budget.py " + " ".join(sys.argv[1:]),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _procmem import proc_status, reset_peak  # noqa: E402
+from _report import command_line, work_folder  # noqa: E402
 from eval_memory import (  # noqa: E402
     build_data,
     build_model,
@@ -230,32 +231,30 @@ def main():
     if args.child:
         print(json.dumps(child(*args.child, args.threads)))
         return
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_heap_trim_"))
-    work.mkdir(parents=True, exist_ok=True)
-    data = build_data(work, args.base, sorted(set(args.sizes)))["file"]
-    model = build_model(work, "small")
-    repeats = dict(zip(args.sizes, args.repeats + [args.repeats[-1]] * len(args.sizes)))
-    runs = []
-    started = time.time()
-    for size in args.sizes:
-        for rep in range(repeats[size]):
-            for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
-                result = run_child(arm, model, data[size], args.threads)
-                result.update(size=size, repeat=rep)
-                runs.append(result)
-                print(
-                    f"{size:5d} {arm:36s} {result['command_seconds']:6.1f}s "
-                    f"sys {result['system_seconds']:5.1f}s faults {result['minor_faults']:>8} "
-                    f"peak {result['peak_rss_after_load_mb']:5.0f} MB trims {result['trims']} "
-                    f"load {result['load_avg_before']:.1f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    with work_folder(args.work_dir, "eval_heap_trim_") as work:
+        data = build_data(work, args.base, sorted(set(args.sizes)))["file"]
+        model = build_model(work, "small")
+        repeats = dict(zip(args.sizes, args.repeats + [args.repeats[-1]] * len(args.sizes)))
+        runs = []
+        started = time.time()
+        for size in args.sizes:
+            for rep in range(repeats[size]):
+                for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
+                    result = run_child(arm, model, data[size], args.threads)
+                    result.update(size=size, repeat=rep)
+                    runs.append(result)
+                    print(
+                        f"{size:5d} {arm:36s} {result['command_seconds']:6.1f}s "
+                        f"sys {result['system_seconds']:5.1f}s faults {result['minor_faults']:>8} "
+                        f"peak {result['peak_rss_after_load_mb']:5.0f} MB trims {result['trims']} "
+                        f"load {result['load_avg_before']:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     summary = summarize(runs)
     report = {
         "benchmark": "eval_heap_trim",
-        "command": "nice -n 10 python "
-        + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

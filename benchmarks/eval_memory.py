@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, NamedTuple
 sys.path.insert(0, str(Path(__file__).parent))
 from _devsets import write_tiled  # noqa: E402
 from _procmem import proc_status, reset_peak  # noqa: E402
+from _report import command_line, work_folder  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "eval_memory.json"
 SHARD_DOCS = 100
@@ -381,7 +382,10 @@ def main():
     parser.add_argument("--arms", nargs="+", default=[STOCK_ARM, LEAN_ARM], choices=list(ARMS))
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument(
-        "--work-dir", type=Path, default=None, help="where models and data go (kept)"
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where models and data go, kept (default: a temporary folder, removed at the end)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument(
@@ -391,10 +395,17 @@ def main():
     if args.child:
         print(json.dumps(child(*args.child, args.threads)))
         return
+    with work_folder(args.work_dir, "eval_memory_") as work:
+        report = measure(args, work)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: report["summary"][k] for k in ("rss_growth", "targets")}, indent=2))
+
+
+def measure(args, work: Path) -> dict:
+    """Build the data and models in `work`, run the series; the report."""
     n_base = args.base or (20 if args.quick else 300)
     sizes = [n_base, 4 * n_base, 16 * n_base]
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_memory_"))
-    work.mkdir(parents=True, exist_ok=True)
     data = build_data(work, n_base, sizes)
     models = {kind: build_model(work, kind) for kind in args.models}
     runs: List[dict] = []
@@ -449,10 +460,9 @@ def main():
         )
     summary = summarize(runs, args.arms)
     summary["targets"] = targets(summary)
-    report = {
+    return {
         "benchmark": "eval_memory",
-        "command": "nice -n 10 python "
-        + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -478,9 +488,6 @@ def main():
         "summary": summary,
         "runs": runs,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: report["summary"][k] for k in ("rss_growth", "targets")}, indent=2))
 
 
 if __name__ == "__main__":

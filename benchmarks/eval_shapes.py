@@ -42,6 +42,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _devsets import write_tiled  # noqa: E402
+from _report import command_line  # noqa: E402
 from eval_memory import (  # noqa: E402
     LEAN_ARM,
     SLACK16_ARM,
@@ -222,8 +223,7 @@ def main():
         summary[shape] = row
     result = {
         "benchmark": "eval_shapes",
-        "command": "nice -n 10 python benchmarks/eval_shapes.py"
-        + (" --quick" if args.quick else ""),
+        "command": command_line(__file__),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "summary": summary,

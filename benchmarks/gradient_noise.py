@@ -18,13 +18,13 @@ under 1e-7 of the scale, relative to the scale).
     python benchmarks/gradient_noise.py            # 2 batches of ~2,000 tokens
     python benchmarks/gradient_noise.py --batch-tokens 8000
 
-Prints JSON and writes benchmarks/results/gradient_noise.json.
+Prints JSON and writes benchmarks/results/gradient_noise.json. The model is built in a
+temporary folder, removed at the end (`--work DIR`: built there, or reused, and kept).
 """
 
 import argparse
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +32,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "gradient_noise.json"
 sys.path.insert(0, str(HERE))
 
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save, work_folder  # noqa: E402
 
 
 def main():
@@ -41,8 +41,16 @@ def main():
     parser.add_argument("--batch-tokens", type=int, default=2000)
     parser.add_argument("--show", type=int, default=8, help="smallest arrays to list")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--work", type=Path, default=None, help="folder for the model, kept (default: a temp dir)"
+    )
     args = parser.parse_args()
+    with work_folder(args.work, "gradient_noise_") as work:
+        result = measure(args, work)
+    print_and_save(result, args.output)
 
+
+def measure(args, work: Path) -> dict:
     import numpy
     import torch
 
@@ -52,7 +60,7 @@ def main():
     from spacy_lean.training import UpdatePolicy, lean_update
 
     start = time.perf_counter()
-    model = build_model(Path(tempfile.mkdtemp(prefix="gradient_noise_")), overrides=DETERMINISTIC)
+    model = build_model(work, overrides=DETERMINISTIC)
     batches = make_batches(load(model, None), args.batches, args.batch_tokens, seed=7)
 
     def run(threads, lean=False):
@@ -76,10 +84,9 @@ def main():
     }
     scale = max(magnitudes.values())
     smallest = sorted(magnitudes.items(), key=lambda item: item[1])[: args.show]
-    result = {
+    return {
         "benchmark": "gradient_noise",
-        "command": "python benchmarks/gradient_noise.py"
-        + (f" --batch-tokens {args.batch_tokens}" if args.batch_tokens != 2000 else ""),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
@@ -98,7 +105,6 @@ def main():
         },
         "seconds": time.perf_counter() - start,
     }
-    print_and_save(result, args.output)
 
 
 if __name__ == "__main__":

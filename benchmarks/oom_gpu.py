@@ -43,7 +43,6 @@ import gc
 import json
 import platform
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -51,6 +50,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "oom_gpu.json"
 sys.path.insert(0, str(HERE))
+
+from _report import command_line, work_folder  # noqa: E402
 
 # No randomness in an update: two runs of the same batches must give the same gradients.
 DETERMINISTIC = {
@@ -538,13 +539,12 @@ def evaluation(args, device, model, batches) -> dict:
     }
 
 
-def run(args) -> dict:
+def run(args, work: Path) -> dict:
     import torch
 
     from train_checkpointing import build_model, make_batches
 
     device = Device(args.cpu_check)
-    work = Path(args.work or tempfile.mkdtemp(prefix="oom_gpu_"))
     model = build_model(work, overrides=DETERMINISTIC)
     nlp = load(model, device)
     batches = make_batches(nlp, args.batches, args.batch_tokens, seed=7)
@@ -552,7 +552,7 @@ def run(args) -> dict:
     device.release()
     return {
         "benchmark": "oom_gpu",
-        "command": "python benchmarks/oom_gpu.py" + (" --quick" if args.quick else ""),
+        "command": command_line(__file__),
         "device": device.name(),
         "cpu_check": args.cpu_check,
         "machine": {
@@ -593,7 +593,9 @@ def main():
         "raises (default: midway between the largest calls on a quarter and on "
         "the whole)",
     )
-    parser.add_argument("--work", default=None, help="folder for the model (default: a temp dir)")
+    parser.add_argument(
+        "--work", default=None, help="folder for the model, kept (default: a temp dir, removed)"
+    )
     parser.add_argument(
         "--output",
         type=Path,
@@ -603,7 +605,8 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.batch_tokens = 2000
-    result = run(args)
+    with work_folder(args.work, "oom_gpu_") as work:
+        result = run(args, work)
     print(json.dumps(result, indent=2))
     output = args.output or (None if args.cpu_check else RESULTS)
     if output is not None:

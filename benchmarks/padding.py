@@ -25,7 +25,7 @@ from spacy.training.batchers import minibatch_by_padded_size
 from spacy_lean import synthetic, synthetic_news
 from spacy_lean.corpus import DocSplitter, TokenBudgetBatcher
 
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 
 def measure(batches, lengths_total, n_items):
@@ -107,7 +107,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     lognormal = [min(1 + int(rng.lognormvariate(3, 0.9)), 1500) for _ in range(n_docs * 3)]
     result = {
-        "command": "python benchmarks/padding.py" + (" --quick" if args.quick else ""),
+        "command": command_line(__file__),
         "size": args.size,
         "docs": run([len(d) for d in docs], args.size),
         "pieces_max_length_128": run(pieces, args.size),

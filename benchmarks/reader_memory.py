@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from _procmem import proc_status, reset_peak  # benchmarks/_procmem.py
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 MODES = ["spacy_listed", "spacy_streamed", "lean_streaming", "lean_compact"]
 FILE_MODES = ["file_docbin", "file_lean_reader", "file_spacy_corpus", "file_lean_corpus"]
@@ -316,12 +316,7 @@ def main() -> None:
             runs[key].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[key][-1]), file=sys.stderr)
     summary = {
-        "command": "python benchmarks/reader_memory.py"
-        + (" --quick" if args.quick else "")
-        + (f" --tokens {args.tokens}" if args.tokens else "")
-        + (f" --file-tokens {args.file_tokens}" if args.file_tokens else "")
-        + (f" --repeats {args.repeats}" if args.repeats else "")
-        + (f" --parts {args.parts}" if args.parts != "shards,file" else ""),
+        "command": command_line(__file__),
         "repeats": repeats,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],

@@ -22,7 +22,7 @@ from spacy.training import Example
 from spacy_lean.scoring import make_pipeline_state
 from spacy_lean.scoring.gold import build_scoring_pipeline, make_scoring_docs
 
-from _report import print_and_save  # noqa: E402  (benchmarks/_report.py)
+from _report import command_line, print_and_save  # noqa: E402  (benchmarks/_report.py)
 
 
 def _time(fn):
@@ -119,7 +119,7 @@ def main() -> None:
         settings.append(_run_setting(nlp, gold, repeats))
     result = {
         "benchmark": "scoring_cost",
-        "command": "python benchmarks/scoring_cost.py" + (" --quick" if args.quick else ""),
+        "command": command_line(__file__),
         "repeats": repeats,
         "pipeline": nlp.pipe_names,
         "settings": settings,

@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import command_line, work_folder  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results" / "spacy_evaluate_memory.json"
 SHARD_DOCS = 100
 MODES = ("lean", "unwrapped", "stock")
@@ -218,7 +221,10 @@ def main():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     parser.add_argument(
-        "--work-dir", type=Path, default=None, help="where the models and data go (kept)"
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where the models and data go, kept (default: a temporary folder, removed at the end)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--build-assets", type=Path, default=None, help=argparse.SUPPRESS)
@@ -228,51 +234,51 @@ def main():
         models, data, n_tokens = build_assets(args.build_assets, sizes, args.layers, args.width)
         print(json.dumps({"models": models, "data": data, "tokens": n_tokens}, default=str))
         return
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="spacy_evaluate_memory_"))
-    work.mkdir(parents=True, exist_ok=True)
     load_at_start = os.getloadavg()
-    # Built in a child process: a run's peak RSS counts the address space it was
-    # forked from (Linux records the forked copy's peak at exec), so this process
-    # must stay small.
-    built = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--build-assets",
-            str(work),
-            "--sizes",
-            *map(str, sizes),
-            "--layers",
-            str(args.layers),
-            "--width",
-            str(args.width),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    assets = json.loads(built.stdout.strip().splitlines()[-1])
-    models = {k: Path(v) for k, v in assets["models"].items()}
-    data = {
-        int(size): {k: Path(v) for k, v in paths.items()} for size, paths in assets["data"].items()
-    }
-    n_tokens = {int(size): n for size, n in assets["tokens"].items()}
-    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    runs = []
-    for layout in args.layouts:
-        modes = tuple(args.modes if layout == "file" else args.shard_modes)
-        runs += measure(
-            models,
-            data,
-            modes=modes,
-            layouts=(layout,),
-            repeats=args.repeats,
-            threads=args.threads,
-            log=log,
+    with work_folder(args.work_dir, "spacy_evaluate_memory_") as work:
+        # Built in a child process: a run's peak RSS counts the address space it was
+        # forked from (Linux records the forked copy's peak at exec), so this process
+        # must stay small.
+        built = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--build-assets",
+                str(work),
+                "--sizes",
+                *map(str, sizes),
+                "--layers",
+                str(args.layers),
+                "--width",
+                str(args.width),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         )
+        assets = json.loads(built.stdout.strip().splitlines()[-1])
+        models = {k: Path(v) for k, v in assets["models"].items()}
+        data = {
+            int(size): {k: Path(v) for k, v in paths.items()}
+            for size, paths in assets["data"].items()
+        }
+        n_tokens = {int(size): n for size, n in assets["tokens"].items()}
+        log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        runs = []
+        for layout in args.layouts:
+            modes = tuple(args.modes if layout == "file" else args.shard_modes)
+            runs += measure(
+                models,
+                data,
+                modes=modes,
+                layouts=(layout,),
+                repeats=args.repeats,
+                threads=args.threads,
+                log=log,
+            )
     report = {
         "benchmark": "spacy_evaluate_memory",
-        "command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

@@ -37,6 +37,9 @@ from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _report import command_line  # noqa: E402
+
 # One spaCy-lean part at a time, on top of the stock config; then the full lean config.
 # The shuffle buffer is scaled to the corpus (about a fifth of its pieces, read in
 # shards in a shuffled order), as 1,000 is to a corpus of 5,000 docs; "full" holds all.
@@ -388,7 +391,7 @@ def main() -> None:
     for name in names:
         variant_config(name).to_disk(work / f"{name}.cfg", interpolate=False)
     result: Dict[str, Any] = {
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "command": command_line(__file__),
         "summary": {},  # first, so benchmarks/plot.py draws it
         "variants": {n: VARIANTS[n] for n in names},
         "corpus": json.loads((paths["train"].parent / "stats.json").read_text()),

@@ -33,12 +33,15 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results" / "train_checkpointing.json"
+sys.path.insert(0, str(HERE))
+
+from _report import command_line, work_folder  # noqa: E402
+
 MODES = ["stock", "lean", "checkpointing", "ceiling", "checkpointing+ceiling"]
 
 
@@ -217,7 +220,9 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--work", default=None, help="folder for the model (default: a temp dir)")
+    parser.add_argument(
+        "--work", default=None, help="folder for the model, kept (default: a temp dir, removed)"
+    )
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args()
     if args.child:
@@ -226,26 +231,23 @@ def main():
         return
     if args.quick:
         args.repeats, args.batch_tokens, args.steps = 1, 1500, 2
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="train_ckpt_"))
-    work.mkdir(parents=True, exist_ok=True)
-    model = build_model(work)
-    runs = []
-    for repeat in range(args.repeats):
-        order = MODES if repeat % 2 == 0 else MODES[::-1]
-        for mode in order:
-            result = run_child(mode, model, args)
-            result["repeat"] = repeat
-            runs.append(result)
-            print(
-                f"{mode:24s} step peak {result['step_peak_mb']:8.1f} MB  "
-                f"{result['seconds_per_step']:6.2f} s/step",
-                file=sys.stderr,
-            )
+    with work_folder(args.work, "train_ckpt_") as work:
+        model = build_model(work)
+        runs = []
+        for repeat in range(args.repeats):
+            order = MODES if repeat % 2 == 0 else MODES[::-1]
+            for mode in order:
+                result = run_child(mode, model, args)
+                result["repeat"] = repeat
+                runs.append(result)
+                print(
+                    f"{mode:24s} step peak {result['step_peak_mb']:8.1f} MB  "
+                    f"{result['seconds_per_step']:6.2f} s/step",
+                    file=sys.stderr,
+                )
     report = {
         "benchmark": "train_checkpointing",
-        "command": " ".join(
-            ["python", Path(__file__).relative_to(HERE.parent).as_posix()] + sys.argv[1:]
-        ),
+        "command": command_line(__file__),
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

@@ -41,6 +41,8 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_memory.json"
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "train_memory_gpu.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _report import command_line  # noqa: E402
 
 LOGGER_CODE = '''
 import json, time
@@ -600,19 +602,13 @@ def gpu_name(gpu_id: int):
 def save(args, words, runs):
     result = {
         "benchmark": "train_memory",
-        # A run merged into an earlier one (--only-extra, --add-factor, --trim-arms)
-        # appends itself to the earlier command.
-        "command": getattr(
-            args,
-            "merged_into",
-            "nice -n 10 python benchmarks/train_memory.py"
-            + (" --quick" if args.quick else "")
-            + (f" --gpu-id {args.gpu_id}" if args.gpu_id >= 0 else ""),
-        )
-        + (" (then --only-extra)" if args.only_extra else "")
-        + (f" (then --add-factor {args.add_factor})" if args.add_factor else "")
-        + (f" (then --trim-arms {args.trim_arms})" if args.trim_arms else "")
-        + (f" (then --speed-arms {args.speed_arms})" if args.speed_arms else ""),
+        # A run merged into an earlier one (--only-extra, --add-factor, --trim-arms,
+        # --speed-arms) appends itself to the earlier command.
+        "command": (
+            f"{args.merged_into} (then {command_line(__file__)})"
+            if hasattr(args, "merged_into")
+            else command_line(__file__)
+        ),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "corpus_words": words,
         "machine": {

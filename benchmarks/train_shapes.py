@@ -37,6 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _report import command_line  # noqa: E402
 from eval_shapes import SHAPES, make_shape, stats  # noqa: E402
 from train_memory import _per_wall_s, _texts, run_one  # noqa: E402
 
@@ -157,6 +158,7 @@ def main():
     if args.bounded:  # keep the earlier runs and data of --output, but their bounded ones
         old = json.loads(args.output.read_text())
         runs = [r for r in old["runs"] if not r.get("bounded")]
+        args.merged_into = old["command"]
         info = {shape: row.get("data", {}) for shape, row in old["summary"].items()}
     opts = SimpleNamespace(
         steps=args.steps, batch_size=args.batch_size, threads=args.threads, gpu_id=-1
@@ -202,9 +204,13 @@ def main():
 def save(args, runs, info):
     result = {
         "benchmark": "train_shapes",
-        "command": "nice -n 10 python benchmarks/train_shapes.py"
-        + (" --quick" if args.quick else "")
-        + (" (then --bounded)" if args.bounded else ""),
+        # A --bounded run, merged into the results of an earlier one, appends itself to
+        # the earlier command.
+        "command": (
+            f"{args.merged_into} (then {command_line(__file__)})"
+            if hasattr(args, "merged_into")
+            else command_line(__file__)
+        ),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {
             "cpus": os.cpu_count(),

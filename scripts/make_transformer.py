@@ -7,12 +7,18 @@ training corpus text and randomly initialised weights (no network needed). Any
 other existing folder is used as it is, and anything else is taken for a Hugging
 Face Hub name (e.g. roberta-base), which spacy-transformers downloads at training
 time. A JSON card describing the choice is written to `card`.
+
+The card is what the training commands depend on (project.yml), so for a folder it
+holds a fingerprint of the folder's files (`files`: their count and bytes; `sha256`: of
+every file's path, size and contents): other weights in the same folder make another
+card, and `spacy project run` trains again.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator
 
 import typer
 from spacy.tokens import DocBin
@@ -66,12 +72,12 @@ def main(
             seed=seed,
         )
         (path / MARKER).write_text(json.dumps({"corpus": str(corpus), **settings}, indent=2))
-        info.update(source="generated", corpus=str(corpus), **settings)
+        info.update(source="generated", corpus=str(corpus), **settings, **fingerprint(path))
         msg.good(
             f"Made a random-init BERT ({layers}x{hidden_size}) with a WordPiece vocab in {path}"
         )
     elif path.exists():
-        info.update(source="local", **_hf_config(path))
+        info.update(source="local", **_hf_config(path), **fingerprint(path))
         msg.good(f"Using the local transformer in {path}")
     else:
         info.update(source="hub")
@@ -104,6 +110,31 @@ def _hf_config(path: Path) -> dict:
     data = json.loads(config.read_text(encoding="utf8"))
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
     return {k: data[k] for k in keys if k in data}
+
+
+def fingerprint(folder: Path, chunk_size: int = 2**20) -> Dict[str, object]:
+    """`files` (count and bytes) and `sha256` (of each file's path, size and contents,
+    read in chunks) of the files under `folder`. Hidden files and folders (a clone's .git,
+    huggingface_hub's .cache: bookkeeping no model loader reads) are left out."""
+    digest = hashlib.sha256()
+    count = size = 0
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            file = Path(root) / name
+            if not file.is_file():  # a broken link, a socket...
+                continue
+            rel = file.relative_to(folder).as_posix()
+            file_digest = hashlib.sha256()
+            n_bytes = 0
+            with file.open("rb") as f:
+                for chunk in iter(lambda: f.read(chunk_size), b""):
+                    file_digest.update(chunk)
+                    n_bytes += len(chunk)
+            digest.update(f"{rel}\0{n_bytes}\0{file_digest.hexdigest()}\n".encode("utf8"))
+            count += 1
+            size += n_bytes
+    return {"files": {"count": count, "bytes": size}, "sha256": digest.hexdigest()}
 
 
 if __name__ == "__main__":

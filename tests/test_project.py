@@ -167,10 +167,51 @@ def test_real_data_assets_are_optional_and_pinned():
 def test_train_command_uses_gpu_id_and_lean_paths():
     script = " ".join(COMMANDS["train"]["script"])
     assert "--gpu-id ${vars.gpu_id}" in script
-    assert "--paths.transformer ${vars.transformer}" in script
+    assert '--paths.transformer "${vars.transformer}"' in script
     assert "corpus/shards/train" in script
     evaluate = " ".join(COMMANDS["evaluate"]["script"])
     assert "spacy evaluate" in evaluate and "spacy lean evaluate" in evaluate
+
+
+# Vars whose values are paths, or names that paths are made of.
+PATH_VARS = ("dataset", "transformer", "flair_python", "config", "charlm_config")
+
+
+def test_path_vars_holding_spaces_stay_one_argument():
+    """weasel substitutes the vars into a script line, then splits it as a shell would:
+    a folder named "my data" must reach the script as one argument, not two."""
+    from weasel.util import parse_config_overrides, split_command
+    from weasel.util.config import substitute_project_variables
+
+    values = {name: f"/a b/{name} c" for name in PATH_VARS}
+    overrides = parse_config_overrides([a for k, v in values.items() for a in (f"--vars.{k}", v)])
+    project = substitute_project_variables(srsly.read_yaml(ROOT / "project.yml"), overrides)
+    raw = {cmd["name"]: cmd["script"] for cmd in PROJECT["commands"]}
+    checked = set()
+    for cmd in project["commands"]:
+        for line, template in zip(cmd["script"], raw[cmd["name"]]):
+            args = split_command(line)
+            for name in _script_vars(template) & set(PATH_VARS):
+                assert any(values[name] in arg for arg in args), (cmd["name"], name, args)
+                checked.add(name)
+            # Every value starts with "/a b/": split, a piece would end with "/a".
+            assert not any(arg.endswith("/a") for arg in args), (cmd["name"], args)
+    assert checked == set(PATH_VARS)
+
+
+def test_commands_that_use_the_transformer_depend_on_its_card():
+    """training/transformer.json changes when the transformer does (its files'
+    fingerprint): every command that reads ${vars.transformer} but does not make it must
+    depend on the card, or it would skip after the weights changed."""
+    users = [
+        name
+        for name, cmd in COMMANDS.items()
+        if "transformer" in _script_vars(" ".join(cmd["script"])) and name != "transformer"
+    ]
+    assert {"train", "train-ddp"} <= set(users)
+    for name in users:
+        assert "training/transformer.json" in COMMANDS[name]["deps"], name
+    assert "training/transformer.json" in COMMANDS["transformer"]["outputs"]
 
 
 # --- configs ------------------------------------------------------------------------
@@ -372,6 +413,21 @@ def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
     assert len(list(DocBin().from_disk(train).get_docs(Vocab()))) == 4
 
 
+def test_corpus_step_reads_a_dataset_folder_whose_path_holds_spaces(tmp_path):
+    """--vars.dataset "/x/my data" (in a project whose own path holds a space) is one
+    argument of the script: weasel splits the line after putting the value in."""
+    project = _copy_project(tmp_path / "p sp" / "project")
+    data = tmp_path / "my data"
+    data.mkdir()
+    for name in ("train.iob", "dev.iob", "test.iob"):
+        (data / name).write_text(CONLL, encoding="utf8")
+    command = ["-m", "spacy", "project", "run", "corpus", str(project), "--vars.dataset", str(data)]
+    code, out = _run(command, cwd=tmp_path)
+    assert code == 0, out[-4000:]
+    stats = json.loads((project / "corpus" / "stats.json").read_text())
+    assert [stats[s]["docs"] for s in ("train", "dev", "test")] == [2, 2, 2]
+
+
 def test_make_corpus_missing_assets_says_how_to_fetch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out = _invoke("make_corpus", ["wnut17", "corpus"])
@@ -413,10 +469,52 @@ def test_make_transformer_kinds(tmp_path, ner_corpus, tiny_transformer, monkeypa
     assert not (tmp_path / "roberta-base").exists()
 
 
+def test_make_transformer_card_changes_with_the_weights(tmp_path, monkeypatch):
+    """The card (what `train` depends on) holds a fingerprint of a local folder's files:
+    other weights with the same config make another card; the same files the same bytes,
+    so a run that changed nothing still skips."""
+    from spacy_lean import synthetic
+
+    monkeypatch.chdir(tmp_path)
+    corpus = synthetic.write_ner_corpus(tmp_path / "train.spacy", 4, seed=0)
+    bert = tmp_path / "my bert"
+
+    def card():
+        code, out = _invoke("make_transformer", [bert, corpus, "card.json"])
+        assert code == 0, out
+        return (tmp_path / "card.json").read_bytes()
+
+    synthetic.make_tiny_transformer(bert, vocab_size=200, hidden_size=16, num_hidden_layers=1)
+    first = card()
+    info = json.loads(first)
+    assert info["source"] == "local" and info["hidden_size"] == 16
+    files = [p for p in bert.rglob("*") if p.is_file()]
+    assert info["files"] == {"count": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    assert card() == first
+    # The user's model changed: other weights, the same config.
+    weights = bert / "model.safetensors"
+    synthetic.make_tiny_transformer(
+        tmp_path / "other", vocab_size=200, hidden_size=16, num_hidden_layers=1, seed=1
+    )
+    shutil.copy(tmp_path / "other" / "model.safetensors", weights)
+    assert (bert / "config.json").read_bytes() == (tmp_path / "other/config.json").read_bytes()
+    other = card()
+    assert other != first and json.loads(other)["sha256"] != info["sha256"]
+    # Hidden bookkeeping (a clone's .git, huggingface_hub's .cache) is no part of the model.
+    (bert / ".git").mkdir()
+    (bert / ".git" / "FETCH_HEAD").write_text("abc")
+    assert card() == other
+    # One byte of the weights changed, the size the same.
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert card() != other
+
+
 def test_compare_metrics(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     a = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 100.0}
-    b = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 300.0, "extra": 1}
+    b = {"ents_f": 0.5, "ents_per_type": {"ORG": {"p": 1.0}}, "speed": 300.0}
     srsly.write_json(tmp_path / "a.json", a)
     srsly.write_json(tmp_path / "b.json", b)
     code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
@@ -424,7 +522,7 @@ def test_compare_metrics(tmp_path, monkeypatch):
     summary = srsly.read_json(tmp_path / "s.json")
     assert summary["agree"] and summary["compared"] == 2
     assert summary["speed"] == {"spacy_evaluate": 100.0, "lean_evaluate": 300.0}
-    assert summary["only_in_lean_evaluate"] == ["extra"]
+    assert summary["only_in_spacy_evaluate"] == summary["only_in_lean_evaluate"] == []
     b["ents_per_type"]["ORG"]["p"] = 0.9
     srsly.write_json(tmp_path / "b.json", b)
     code, out = _invoke("compare_metrics", ["a.json", "b.json", "s.json"])
@@ -439,6 +537,50 @@ def test_compare_metrics(tmp_path, monkeypatch):
     assert code == 1 and "ents_r" in flat(out), out
     summary = srsly.read_json(tmp_path / "s.json")
     assert summary["agree"] is False and summary["compared"] == 3
+
+
+def test_compare_metrics_fails_on_a_score_only_one_file_has(tmp_path, monkeypatch):
+    """ "checks that every score agrees": a score that one evaluation writes and the other
+    lacks is a disagreement (it compared only the scores both had, and agreed with an
+    output that lacked most of them); speed, no score of the pipeline, may be one-sided."""
+    monkeypatch.chdir(tmp_path)
+    stock = {
+        "token_acc": 1.0,
+        "ents_p": 0.5,
+        "ents_r": 0.5,
+        "ents_f": 0.5,
+        "ents_per_type": {"PER": {"p": 1.0, "r": 1.0, "f": 1.0}, "LOC": {"p": 0.0}},
+        "speed": 100.0,
+    }
+    srsly.write_json(tmp_path / "stock.json", stock)
+    srsly.write_json(tmp_path / "lean.json", {"token_acc": 1.0, "speed": 120.0})
+    code, out = _invoke("compare_metrics", ["stock.json", "lean.json", "s.json"])
+    assert code == 1, out
+    assert "ents_f" in flat(out) and "ents_per_type.LOC.p" in flat(out) and "stock.json" in out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["agree"] is False
+    assert summary["only_in_spacy_evaluate"] == sorted(
+        ["ents_p", "ents_r", "ents_f", "ents_per_type.PER.p", "ents_per_type.PER.r"]
+        + ["ents_per_type.PER.f", "ents_per_type.LOC.p"]
+    )
+    # A label that only one evaluation scored, and a score only the other writes.
+    lean = json.loads(json.dumps(stock))
+    del lean["ents_per_type"]["LOC"]
+    lean["extra"] = 1.0
+    srsly.write_json(tmp_path / "lean.json", lean)
+    code, out = _invoke("compare_metrics", ["stock.json", "lean.json", "s.json"])
+    assert code == 1 and "ents_per_type.LOC.p" in flat(out) and "extra" in flat(out), out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["only_in_spacy_evaluate"] == ["ents_per_type.LOC.p"]
+    assert summary["only_in_lean_evaluate"] == ["extra"]
+    # The same scores, speed written by one side only: they agree.
+    lean = {k: v for k, v in stock.items() if k != "speed"}
+    srsly.write_json(tmp_path / "lean.json", lean)
+    code, out = _invoke("compare_metrics", ["stock.json", "lean.json", "s.json"])
+    assert code == 0, out
+    summary = srsly.read_json(tmp_path / "s.json")
+    assert summary["agree"] and summary["compared"] == 8
+    assert summary["speed"] == {"spacy_evaluate": 100.0, "lean_evaluate": None}
 
 
 def test_run_benchmark_checks_the_results_file(tmp_path, monkeypatch):
@@ -542,6 +684,35 @@ def _check_all_workflow(tmp_path, tiny_vars):
 
 
 @pytest.mark.slow
+def test_all_workflow_trains_again_after_a_local_transformers_weights_change(tmp_path):
+    """`train` depends on training/transformer.json, which holds a fingerprint of the
+    folder's files: new weights in the same folder (same config) train and evaluate
+    again. The project and the folder have spaces in their paths (quoted in project.yml)."""
+    from spacy_lean import synthetic
+
+    project = _copy_project(tmp_path / "p sp" / "project")
+    bert = tmp_path / "my models" / "bert"
+    tiny = dict(vocab_size=200, hidden_size=16, num_hidden_layers=1)
+    synthetic.make_tiny_transformer(bert, **tiny)
+    overrides = [arg for k, v in TINY_VARS.items() for arg in (f"--vars.{k}", str(v))]
+    command = ["-m", "spacy", "project", "run", "all", str(project), *overrides]
+    command += ["--vars.transformer", str(bert)]
+    code, out = _run(command, cwd=tmp_path, timeout=600)
+    assert code == 0, out[-4000:]
+    assert json.loads((project / "training/transformer.json").read_text())["source"] == "local"
+    model = project / "training/ner_trf/model-best/transformer/model"
+    trained = model.read_bytes()
+    synthetic.make_tiny_transformer(tmp_path / "other", seed=1, **tiny)
+    shutil.copy(tmp_path / "other/model.safetensors", bert / "model.safetensors")
+    code, out = _run(command, cwd=tmp_path, timeout=600)
+    assert code == 0, out[-4000:]
+    for step in ("transformer", "train", "evaluate"):
+        assert f"Skipping '{step}'" not in out, step
+    assert model.read_bytes() != trained
+    assert json.loads((project / "metrics/ner_trf_summary.json").read_text())["agree"]
+
+
+@pytest.mark.slow
 def test_charlm_workflow_runs_offline_end_to_end(tmp_path):
     """Character LMs trained by `spacy lean train-charlm`, NER on their embeddings."""
     project = _copy_project(tmp_path / "project")
@@ -568,6 +739,110 @@ def test_charlm_workflow_runs_offline_end_to_end(tmp_path):
         scores = json.loads((project / "metrics" / name).read_text())
         assert all(key in scores for key in SCORE_KEYS)
     assert json.loads((project / "metrics/ner_charlm_summary.json").read_text())["agree"]
+
+
+# --- benchmarks: the command they record, their work folders ----------------------------
+
+BENCHMARK_SCRIPTS = sorted(
+    p
+    for p in (ROOT / "benchmarks").glob("*.py")
+    if not p.name.startswith("_") and p.name != "plot.py"
+)
+
+
+def _load_report():
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks/_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_command_line_is_the_command_as_run(tmp_path):
+    """The recorded command is how the script was run: every argument (quoted where a
+    shell needs it), `nice -n N` only when it ran at niceness N."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "from _report import command_line\n"
+        "print(command_line(__file__))\n"
+    )
+    args = ["--batches", "3", "--work-dir", "/tmp/my work", "--configs", ""]
+    out = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    expected = "python benchmarks/probe.py --batches 3 --work-dir '/tmp/my work' --configs ''"
+    base = os.nice(0)  # the niceness pytest runs at
+    assert out == (f"nice -n {base} {expected}" if base else expected)
+    if shutil.which("nice") and base + 5 <= 19:
+        niced = subprocess.run(
+            ["nice", "-n", "5", sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert niced == f"nice -n {base + 5} {expected}"
+    report = _load_report()
+    assert report.command_line("benchmarks/x.py", ["a b"], python="/v env/python").endswith(
+        "'/v env/python' benchmarks/x.py 'a b'"
+    )
+
+
+def test_report_work_folder_is_removed_unless_named(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    report = _load_report()
+    with report.work_folder(None, "bench_") as work:
+        assert work.parent == tmp_path and work.name.startswith("bench_")
+        (work / "model").mkdir()
+        (work / "model" / "weights").write_bytes(b"x" * 1000)
+    assert not work.exists()
+    with pytest.raises(KeyboardInterrupt):
+        with report.work_folder(None, "bench_") as work:
+            (work / "data").write_text("x")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    named = tmp_path / "kept" / "work"
+    with report.work_folder(named, "bench_") as work:
+        (work / "model").write_text("x")
+    assert work == named and (named / "model").exists()
+
+
+@pytest.mark.parametrize("path", BENCHMARK_SCRIPTS, ids=lambda p: p.name)
+def test_benchmark_records_its_command_and_removes_its_temporary_folders(path):
+    """Each benchmark records the command it was run with through _report.command_line
+    (not a hand-made string: one wrote `nice -n 10` when not run under nice, others left
+    arguments out), and makes no temporary folder it leaves behind (tempfile.mkdtemp:
+    gradient_noise.py left 27 MB in /tmp on every run)."""
+    text = path.read_text(encoding="utf8")
+    assert '"command": ' in text, f"{path.name} records no command"
+    for match in re.finditer(r'"command": (.*)', text):
+        assert "command_line(" in match.group(1) or match.group(1).strip() == "(", (
+            path.name,
+            match.group(0),
+        )
+    assert "command_line(__file__" in text
+    assert "mkdtemp(" not in text, f"{path.name}: use _report.work_folder"
+
+
+@pytest.mark.slow
+def test_gradient_noise_records_its_command_and_leaves_no_folder(tmp_path):
+    """The smallest real run: every argument recorded, nothing left in the temp dir."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out.json"
+    args = ["--batches", "1", "--batch-tokens", "300", "--show", "2", "--output", str(out)]
+    env = {**_env(), "TMPDIR": str(tmp)}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gradient_noise.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    command = json.loads(out.read_text())["command"]
+    assert command.endswith("python benchmarks/gradient_noise.py " + " ".join(args))
+    assert list(tmp.iterdir()) == []
 
 
 # --- benchmarks/plot.py ---------------------------------------------------------------
