@@ -63,6 +63,10 @@ class WorkerDiedError(RuntimeError):
     """Units could not be evaluated because their workers kept dying."""
 
 
+class BackendUnavailableError(RuntimeError):
+    """The workers could not be started: e.g. no Ray cluster at the address given."""
+
+
 def make_units(shards: Sequence[Union[str, Path]], workers: int) -> List[EvalUnit]:
     """Cut the data into units of work: one per file; a single file is cut into
     `workers` contiguous parts.
@@ -311,7 +315,16 @@ def _run_ray(units, settings, workers, use_gpu, max_retries, ray_address, on_res
 
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        try:
+            ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        except ConnectionError as err:
+            where = f"at --ray-address {ray_address}" if ray_address else "to start"
+            raise BackendUnavailableError(
+                f"No Ray cluster {where} ({err}). Start one on this machine with "
+                "`ray start --head` and pass --ray-address auto, pass the address of a "
+                "running cluster's head (--ray-address HOST:6379), or leave --ray-address "
+                "out to start Ray inside this command."
+            ) from None
     settings = WorkerSettings(**{**settings.__dict__, "use_gpu": use_gpu})
     actor_cls = ray.remote(num_cpus=1, num_gpus=1 if use_gpu else 0, max_restarts=0)(_RayEvalWorker)
     queue = deque(sorted(units, key=lambda u: u.index))

@@ -478,6 +478,21 @@ def test_bad_trim_slack_is_refused_before_any_worker_starts(model_dir, shard_dir
         evaluate_distributed(model_dir, shard_dir, workers=2, trim_slack_mb=-2)
 
 
+@pytest.mark.skipif(not has_ray, reason="needs ray (pip install 'spacy-lean[ray]')")
+def test_ray_address_without_a_cluster_says_how_to_start_one(monkeypatch):
+    """`--backend ray --ray-address auto` with no cluster running ended in Ray's
+    ConnectionError traceback, whose advice names a flag this command does not have."""
+    import ray
+
+    from spacy_lean.distributed import BackendUnavailableError, _run_ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not ray.is_initialized()
+    with pytest.raises(BackendUnavailableError, match="No Ray cluster at --ray-address auto") as e:
+        _run_ray([], None, 2, False, 0, "auto", None, None)
+    assert "ray start --head" in str(e.value) and "--ray-address HOST:6379" in str(e.value)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not has_ray, reason="needs ray (pip install 'spacy-lean[ray]')")
 def test_ray_actors_trim_as_the_cli_says(model_dir, shard_dir, tmp_path, trim_log):

@@ -482,3 +482,51 @@ def test_command_options_tables_match_the_cli():
                         f"spacy lean {command_name}: {page} lists {flag}, which it lacks"
                     )
     assert not problems, "\n".join(problems)
+
+
+def _ini_blocks(page):
+    """(line number, text) of each ```ini block of a page."""
+    blocks, current, start = [], None, 0
+    for number, line in enumerate(page.read_text(encoding="utf8").splitlines(), start=1):
+        stripped = line.strip()
+        if current is None and stripped.startswith("```ini"):
+            current, start = [], number + 1
+        elif current is not None and FENCE.match(stripped):
+            blocks.append((start, "\n".join(current)))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_config_snippets_parse_as_spacy_reads_them(page):
+    """Every ```ini block parses with spaCy's config parser, and no value holds a '#':
+    spaCy does not strip comments after a value, so `@callbacks = "x"   # note` (pasted
+    from training.md) named a function '"x"   # note' that no registry has."""
+    from spacy.util import load_config_from_str
+
+    for start, text in _ini_blocks(page):
+        # Blocks show sections without their parents ([nlp.after_pipeline_creation]):
+        # the parents are added, empty, as a full config has them.
+        sections = re.findall(r"^\[([^\]]+)\]", text, flags=re.M)
+        parents = {".".join(s.split(".")[:k]) for s in sections for k in range(1, s.count(".") + 1)}
+        missing = sorted(
+            (p for p in parents - set(sections) if not p.endswith("*")),  # [x.*]: positional
+            key=lambda name: name.count("."),
+        )
+        header = "".join(f"[{name}]\n" for name in missing)
+        config = load_config_from_str(header + text, interpolate=False)
+
+        def values(node, path):
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    yield from values(value, f"{path}.{key}" if path else key)
+                else:
+                    yield f"{path}.{key}", value
+
+        for key, value in values(config, ""):
+            assert not (isinstance(value, str) and "#" in value), (
+                f"{page.name}: the ```ini block from line {start} gives {key} the value "
+                f"{value!r}: a comment after a value is part of it; put it on its own line"
+            )

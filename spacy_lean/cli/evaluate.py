@@ -574,7 +574,8 @@ def _run_workers(
 ):
     import os
 
-    from ..distributed import WorkerDiedError, WorkerSettings, make_units, merge_states, run_units
+    from ..distributed import BackendUnavailableError, WorkerDiedError, WorkerSettings
+    from ..distributed import make_units, merge_states, run_units
 
     units = make_units(shards, workers)
     done: Dict[int, Dict[str, Any]] = dict(resumed["units"]) if resumed else {}
@@ -593,7 +594,8 @@ def _run_workers(
     n_workers = min(workers, len(todo)) if todo else 0
     where = f"{len(gpu_ids)} GPU(s)" if gpu_ids else "CPU"
     if todo:
-        msg.info(f"Evaluating {len(todo)} shard(s) on {n_workers} {backend} worker(s), {where}")
+        how = "Ray actor(s)" if backend == "ray" else "worker process(es)"
+        msg.info(f"Evaluating {len(todo)} shard(s) on {n_workers} {how}, {where}")
     settings = WorkerSettings(
         model=str(model),
         gold_preproc=gold_preproc,
@@ -649,7 +651,7 @@ def _run_workers(
                 on_result=on_result,
                 on_retry=on_retry,
             )
-    except WorkerDiedError as e:
+    except (WorkerDiedError, BackendUnavailableError) as e:
         if ckpt is not None:
             ckpt.save(state, units=done)
         msg.fail("Evaluation failed", str(e), exits=1)
