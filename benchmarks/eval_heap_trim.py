@@ -67,7 +67,7 @@ ARMS = ["spacy evaluate"] + [f"spacy lean evaluate ({name})" for name in POLICIE
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
-def lowest_level_trimmer(memory, slack_mb: float):
+def lowest_level_trimmer(memory, slack_mb: float, settle: int = 0):
     """A HeapTrimmer whose working level is the lowest measured after any trim."""
 
     class LowestLevelTrimmer(memory.HeapTrimmer):
@@ -81,7 +81,7 @@ def lowest_level_trimmer(memory, slack_mb: float):
                 self.floor = self.base
             return trimmed
 
-    return LowestLevelTrimmer(slack_mb)
+    return LowestLevelTrimmer(slack_mb, settle=settle)
 
 
 def child(arm: str, model: str, data: str, threads: int) -> dict:
@@ -102,13 +102,14 @@ def child(arm: str, model: str, data: str, threads: int) -> dict:
 
             ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, mmap_mb * 2**20)
 
-        def make_trimmer(_default_slack):
+        def make_trimmer(_default_slack, settle=0):
+            # The evaluator's trimmer with this arm's slack (and the evaluator's settle).
             if slack is None:
                 trimmer = None
             elif lowest:
-                trimmer = lowest_level_trimmer(memory, slack)
+                trimmer = lowest_level_trimmer(memory, slack, settle)
             else:
-                trimmer = memory.HeapTrimmer(slack)
+                trimmer = memory.HeapTrimmer(slack, settle=settle)
             trimmers.append(trimmer)
             return trimmer if trimmer is not None else (lambda: False)
 
