@@ -124,6 +124,30 @@ def test_resume_with_another_batch_size_skips_the_examples_trained(setup, tmp_pa
     assert "the saved run trained" not in capsys.readouterr().out
 
 
+@spacy.registry.callbacks("lean_test_fail_before_update.v1")
+def _fail_before_update():
+    def fail(nlp, info):
+        raise RuntimeError("killed before the first checkpoint")
+
+    return fail
+
+
+def test_a_fresh_run_removes_an_earlier_runs_state(setup, copied, tmp_path, capsys):
+    """A run without --resume into an earlier run's folder left that run's training
+    state until its own first checkpoint: a requeued job (--resume when a state exists)
+    killed before then continued the earlier run. The fresh run removes it."""
+    out, path, state = copied
+    config = spacy.util.load_config(setup / "config.cfg")
+    config["training"]["before_update"] = {"@callbacks": "lean_test_fail_before_update.v1"}
+    config.to_disk(tmp_path / "config.cfg")
+    with pytest.raises(RuntimeError, match="killed before the first checkpoint"):
+        run(tmp_path, out)
+    assert not (out / "training-state").exists()
+    assert "Removed the training state of an earlier run" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="Nothing to resume"):
+        read_training_state(out)
+
+
 def test_resume_refuses_an_absurd_step(setup, copied, capsys):
     """step = 10**12 and no max_steps: the resumed run replayed the schedules 10**12
     times (days) before training. Refused as it is read, naming the file and value."""

@@ -954,6 +954,16 @@ def train(
                 check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
     elif ctx.is_main:
         clean_output_dir(output_path)
+        # An earlier run's training state too: until this run's first checkpoint, a
+        # --resume (a requeued job's) would continue that run, not this one.
+        if output_path is not None:
+            state_dir = output_path / DIR_STATE
+            for stale in (state_dir, _old_dir(state_dir)):
+                if stale.exists():
+                    shutil.rmtree(stale)
+                    stdout.write(
+                        msg.info(f"Removed the training state of an earlier run: {stale}") + "\n"
+                    )
 
     def save_model(is_best: bool) -> None:
         # Swapped in whole (a run stopped while saving keeps the previous pipelines).
