@@ -521,11 +521,32 @@ class StreamingEvaluator:
         empty_gpu_caches()
         half = (len(batch) + 1) // 2
         longest = max(len(eg.predicted) for eg in batch)
+        # Empty docs piped with non-empty ones stay with one (`_empty_docs`): they go
+        # to the first half, which keeps at least one non-empty doc.
+        full = [i for i, eg in enumerate(batch) if len(eg.predicted)]
+        empty = [i for i, eg in enumerate(batch) if not len(eg.predicted)]
+        partner = None
+        if full and empty:
+            keep = (len(full) + 1) // 2
+            if len(full) == 1:  # the one doc with tokens goes alone; a 1-token doc,
+                # whose output is not scored, keeps the empty ones company
+                partner = Example(self.nlp.make_doc("x"), self.nlp.make_doc("x"))
+                parts = [full, [len(batch)] + empty]
+            else:
+                parts = [empty + full[:keep], full[keep:]]
+            half = keep
+        else:
+            parts = [list(range(half)), list(range(half, len(batch)))]
         self.oom_events.append((len(batch), half))
         self.batch_size = min(self.batch_size, half)
         self.max_batch_tokens = max(1, min(self.max_batch_tokens, half * longest))
         self.on_oom(len(batch), half)
-        return self._pipe_batch(batch[:half]) + self._pipe_batch(batch[half:])
+        pool = batch + ([partner] if partner is not None else [])
+        out: List[Example] = list(pool)
+        for part in parts:
+            for i, eg in zip(part, self._pipe_batch([pool[i] for i in part])):
+                out[i] = eg
+        return out[: len(batch)]
 
     def _pipe(self, batch: List[Example]) -> List[Example]:
         if self.copy_examples:

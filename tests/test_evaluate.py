@@ -161,17 +161,19 @@ def test_peak_memory_does_not_grow_with_the_number_of_examples(trf_ner_nlp):
     assert large < 1.1 * small, (small, large)
 
 
-@Language.factory("test_oom_above", default_config={"max_docs": 2})
-def make_oom_above(nlp, name, max_docs):
-    return OOMAbove(max_docs)
+@Language.factory("test_oom_above", default_config={"max_docs": 2, "count_empty": True})
+def make_oom_above(nlp, name, max_docs, count_empty):
+    return OOMAbove(max_docs, count_empty)
 
 
 class OOMAbove:
-    """Raises torch's CUDA out-of-memory error for batches larger than `max_docs`,
-    like a GPU component whose activations outgrow the device."""
+    """Raises torch's CUDA out-of-memory error for batches larger than `max_docs`
+    (`count_empty`: empty docs count), like a GPU component whose activations outgrow
+    the device."""
 
-    def __init__(self, max_docs):
+    def __init__(self, max_docs, count_empty=True):
         self.max_docs = max_docs
+        self.count_empty = count_empty
         self.batch_sizes = []
 
     def __call__(self, doc):
@@ -179,7 +181,7 @@ class OOMAbove:
 
     def pipe(self, docs, batch_size=128):
         for batch in minibatch(docs, batch_size):
-            if len(batch) > self.max_docs:
+            if sum(1 for doc in batch if self.count_empty or len(doc)) > self.max_docs:
                 raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (batch of {len(batch)})")
             self.batch_sizes.append(len(batch))
             yield from batch
@@ -243,6 +245,22 @@ def test_empty_docs_are_piped_as_nlp_evaluate_pipes_them(textcat_nlp, pattern):
         )
         differs += dict(expected, speed=0) != dict(whole, speed=0)
     assert differs  # the batches of empty docs matter: the test can tell
+
+
+@pytest.mark.parametrize("max_docs", [1, 2])
+def test_an_oom_retry_keeps_empty_docs_with_a_non_empty_one(textcat_nlp, max_docs):
+    """A batch halved after running out of memory could leave a half of empty docs only
+    (spaCy's textcat: zeros). Each half with empty docs keeps a non-empty doc; one alone
+    runs out of memory by itself, and the empty docs get a 1-token doc for company."""
+    pattern = [4, 0, 2, 0, 6, 0, 0, 1, 0, 3, 0, 0, 0, 0, 5, 0, 2]
+    expected = textcat_nlp.evaluate(_empty_doc_examples(textcat_nlp, pattern), batch_size=8)
+    textcat_nlp.add_pipe("test_oom_above", config={"max_docs": max_docs, "count_empty": False})
+    try:
+        with pytest.warns(ResourceWarning, match="Out of GPU memory"):
+            ours = evaluate(textcat_nlp, _empty_doc_examples(textcat_nlp, pattern), batch_size=8)
+    finally:
+        textcat_nlp.remove_pipe("test_oom_above")
+    assert_same_scores(ours, expected)
 
 
 def test_oom_halves_the_batch_and_retries(trf_ner_nlp, gold_docs):
