@@ -421,6 +421,8 @@ def loss_reduction(proc: Any) -> Optional[str]:
     declared = getattr(proc, "lean_loss_reduction", None)
     if declared in ("sum", "mean"):
         return declared
+    if isinstance(proc, Parser) and _beam_width(proc) > 1:
+        return None  # beam search: see _loss_weights
     if isinstance(proc, _CHECKED_MEAN):
         return "mean"
     if isinstance(proc, _CHECKED_SUM):
@@ -438,6 +440,16 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
         reduction = loss_reduction(proc)
         if reduction is not None:
             reductions[name] = reduction
+        elif isinstance(proc, Parser) and _beam_width(proc) > 1:
+            reductions[name] = "sum"
+            policy.warn_once(
+                f"beam:{name}",
+                f"Splitting a batch for component '{name}', a parser with beam_width = "
+                f"{_beam_width(proc)}: each micro-batch draws its own beam_update_prob "
+                "(beam or greedy update) and its beam loss is a mean over the step's "
+                "states, so the micro-batches' update is not the whole batch's (the same "
+                "only with beam_update_prob 0). Raise max_padded_tokens to split less.",
+            )
         else:
             reductions[name] = "sum"
             factory = nlp.get_pipe_meta(name).factory
@@ -446,10 +458,16 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
                 f"Splitting a batch for component '{name}' (factory '{factory}'), whose loss "
                 "normalisation spacy-lean has not checked: the micro-batches' gradients are "
                 "summed, which equals the whole batch's update only if its gradient is a sum "
-                'over the batch. Set `lean_loss_reduction = "sum"` (or "mean" for a loss '
-                "value averaged over docs) on the component to declare it.",
+                "over the batch's docs (not normalised by the batch's size). If it is, set "
+                '`lean_loss_reduction = "sum"` on the component (or "mean" where its loss '
+                "value, not its gradient, is averaged over docs) to declare it.",
             )
     return reductions
+
+
+def _beam_width(proc: Any) -> int:
+    width = getattr(proc, "cfg", {}).get("beam_width", 1)
+    return width if isinstance(width, int) else 1
 
 
 def enable_gradient_checkpointing(nlp: Language) -> int:
