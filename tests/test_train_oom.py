@@ -873,3 +873,43 @@ def test_a_beam_parser_split_says_it_is_not_the_same_update():
     messages = [str(w.message) for w in record]
     assert any("'beam_ner', a parser with beam_width = " in m for m in messages), messages
     assert not any("'greedy'" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("order", [("tagger", "ner"), ("ner", "tagger")])
+def test_a_split_that_drops_listener_gradients_says_so(order):
+    """A micro-batch without ner annotation skips the ner's update; when ner is the
+    last listener of the shared tok2vec, the tok2vec's backward pass (which ner's
+    gradient triggers) does not run, and the tagger's gradients of that micro-batch are
+    dropped (measured: 12 of 19 parameters off by up to 2% of the update). That split
+    warns and says what to do; with ner listening first, nothing is lost and nothing
+    is said."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    for name in order:
+        nlp.add_pipe(name, config={"model": {"tok2vec": listener}})
+    docs = sorted(synthetic.make_ner_docs(nlp, 8, seed=9, long_doc_rate=0.0), key=len)
+    examples = []
+    for i, doc in enumerate(docs):
+        tags = ["N" if t.is_alpha else "P" for t in doc]
+        if i < 4:  # the short docs: tags and entities
+            examples.append(Example(nlp.make_doc(doc.text), _with_tags(doc, tags)))
+        else:  # the long ones: tags only, the entities missing (not "O")
+            examples.append(Example.from_dict(nlp.make_doc(doc.text), {"tags": tags}))
+    assert [eg.reference.has_annotation("ENT_IOB") for eg in examples] == [True] * 4 + [False] * 4
+    nlp.initialize(lambda: examples)
+    longest = max(len(eg.predicted) for eg in examples)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lean_update(nlp, examples, policy=UpdatePolicy(max_padded_tokens=longest))
+    said = [str(w.message) for w in record if "no annotation for 'ner'" in str(w.message)]
+    assert bool(said) == (order[-1] == "ner"), said
+    if said:
+        assert "Put 'ner' before the other components listening to 'tok2vec'" in said[0]
+
+
+def _with_tags(doc, tags):
+    doc = copy.deepcopy(doc)
+    for token, tag in zip(doc, tags):
+        token.tag_ = tag
+    return doc

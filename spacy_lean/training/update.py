@@ -465,6 +465,46 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
     return reductions
 
 
+def _warn_skipped_last_listeners(
+    nlp: Language,
+    examples: List[Example],
+    groups: List[List[int]],
+    policy: UpdatePolicy,
+    exclude: Iterable[str],
+) -> None:
+    """Warn (once per component) where a split loses gradients: a ner or parser skips
+    an update without gold, and when it is the last listener of a shared tok2vec or
+    transformer, the producer's backward pass (which that listener triggers) does not
+    run, dropping the other listeners' gradients of that micro-batch. The whole batch,
+    with some gold, ran it."""
+    excluded = set(exclude)
+    for producer_name, producer in nlp.pipeline:
+        listener_map = getattr(producer, "listener_map", None)
+        listeners = getattr(producer, "listeners", None)
+        if not isinstance(listener_map, dict) or not listeners or len(listeners) < 2:
+            continue
+        last = listeners[-1]
+        owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
+        if owner is None or owner in excluded or owner not in nlp.pipe_names:
+            continue
+        proc = nlp.get_pipe(owner)
+        moves = getattr(proc, "moves", None)
+        if not isinstance(proc, Parser) or moves is None:
+            continue
+        gold = [bool(moves.has_gold(eg)) for eg in examples]
+        if any(gold) and not all(any(gold[i] for i in group) for group in groups):
+            policy.warn_once(
+                f"skipped-listener:{owner}",
+                f"Splitting a batch where some docs have no annotation for '{owner}': a "
+                f"micro-batch without any skips its update, and '{owner}' is the last "
+                f"listener of '{producer_name}', whose backward pass runs when that "
+                "listener's gradient arrives, so the other listeners' gradients of that "
+                "micro-batch are dropped (the whole batch, with some annotation, keeps "
+                f"them). Put '{owner}' before the other components listening to "
+                f"'{producer_name}' in the pipeline, or raise max_padded_tokens.",
+            )
+
+
 def _beam_width(proc: Any) -> int:
     width = getattr(proc, "cfg", {}).get("beam_width", 1)
     return width if isinstance(width, int) else 1
@@ -676,6 +716,7 @@ def _update_groups(
         update(nlp, examples, sgd=False, losses=losses, **kwargs)
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
+    _warn_skipped_last_listeners(nlp, examples, groups, policy, kwargs["exclude"])
     unseen_after = []
     n = len(examples)
     for group in groups:
