@@ -42,6 +42,8 @@ import _compat_pickle
 import numpy
 import torch
 
+from .._env import positive_int_env
+
 # Files larger than this are refused before anything is read (override with the
 # environment variable below, in bytes).
 MAX_BYTES_ENV = "SPACY_LEAN_MAX_CHECKPOINT_BYTES"
@@ -700,16 +702,7 @@ class _NoDescriptor(io.BufferedReader):
 
 def max_bytes() -> int:
     """The size limit for checkpoint files (`SPACY_LEAN_MAX_CHECKPOINT_BYTES`)."""
-    value = os.environ.get(MAX_BYTES_ENV)
-    if not value:
-        return DEFAULT_MAX_BYTES
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit <= 0:
-        raise ValueError(f"{MAX_BYTES_ENV} must be a positive number of bytes, got {value!r}")
-    return limit
+    return positive_int_env(MAX_BYTES_ENV, DEFAULT_MAX_BYTES, "number of bytes")
 
 
 def load(

@@ -27,6 +27,8 @@ from spacy.vocab import Vocab
 from srsly.msgpack import _Unpacker, _unpackb, msgpack_decoders
 from srsly.msgpack.exceptions import OutOfData
 
+from .._env import positive_int_env
+
 try:
     from spacy.tokens._dict_proxies import SpanGroups
 
@@ -251,18 +253,9 @@ class _Inflater:
 
 def max_inflate_ratio() -> int:
     """The inflation limit of .spacy files (`SPACY_LEAN_MAX_INFLATE_RATIO`)."""
-    value = os.environ.get(MAX_INFLATE_RATIO_ENV)
-    if not value:
-        return DEFAULT_MAX_INFLATE_RATIO
-    try:
-        ratio = int(value)
-    except ValueError:
-        ratio = 0
-    if ratio <= 0:
-        raise ValueError(
-            f"{MAX_INFLATE_RATIO_ENV} must be a positive whole number (a ratio), got {value!r}."
-        )
-    return ratio
+    return positive_int_env(
+        MAX_INFLATE_RATIO_ENV, DEFAULT_MAX_INFLATE_RATIO, "whole number (a ratio)"
+    )
 
 
 def _unpacker(stream: _Inflater, hook: Any = None) -> _Unpacker:
