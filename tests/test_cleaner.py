@@ -838,12 +838,10 @@ def test_cleaner_checks_only_what_it_releases():
     assert named.released_attrs == ["doc._.trf_data"]
 
 
-def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp_path):
-    """`spacy train` initializes with its frozen and sourced components disabled
-    (`init_nlp`): a frozen tok2vec2 between the cleaner and the tagger2 being trained
-    on it is no reason to refuse."""
+def _two_block_source_and_corpus(tmp_path, annotation, corpus_name):
+    """A pipeline with an initialized tok2vec2 to source (tmp_path/source), and a
+    two-doc training corpus with `annotation` (tmp_path/corpus_name)."""
     from spacy.tokens import DocBin
-    from spacy.training.initialize import init_nlp
 
     source = spacy.blank("en")
     source.add_pipe("tok2vec", name="tok2vec2")
@@ -851,8 +849,17 @@ def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp
     source.to_disk(tmp_path / "source")
     nlp = spacy.blank("en")
     texts = [SENTENCE, "Veldmark is far away now"]
-    corpus = DocBin(docs=[Example.from_dict(nlp.make_doc(t), TAGS).reference for t in texts])
-    corpus.to_disk(tmp_path / "tags.spacy")
+    docs = [Example.from_dict(nlp.make_doc(t), annotation).reference for t in texts]
+    DocBin(docs=docs).to_disk(tmp_path / corpus_name)
+
+
+def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp_path):
+    """`spacy train` initializes with its frozen and sourced components disabled
+    (`init_nlp`): a frozen tok2vec2 between the cleaner and the tagger2 being trained
+    on it is no reason to refuse."""
+    from spacy.training.initialize import init_nlp
+
+    _two_block_source_and_corpus(tmp_path, TAGS, "tags.spacy")
     config = spacy.util.load_config_from_str(TWO_BLOCK_TRAINING_CONFIG)
     config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "tags.spacy")
     config["components"]["tok2vec2"]["source"] = str(tmp_path / "source")
@@ -870,18 +877,10 @@ def test_training_initialize_with_a_frozen_sourced_tok2vec_before_a_ner(tmp_path
     call used to check the pipeline strictly, tok2vec2 disabled: `spacy train` could
     not start. The pipeline is checked as initialize saw it until it changes, then
     strictly: with tok2vec2 disabled after training, the cleaner refuses."""
-    from spacy.tokens import DocBin
     from spacy.training.initialize import init_nlp
 
-    source = spacy.blank("en")
-    source.add_pipe("tok2vec", name="tok2vec2")
-    source.initialize()
-    source.to_disk(tmp_path / "source")
-    nlp = spacy.blank("en")
-    texts = [SENTENCE, "Veldmark is far away now"]
     annotation = dict(TAGS, entities=["U-PER", "O", "U-LOC", "O", "O"])
-    corpus = DocBin(docs=[Example.from_dict(nlp.make_doc(t), annotation).reference for t in texts])
-    corpus.to_disk(tmp_path / "ents.spacy")
+    _two_block_source_and_corpus(tmp_path, annotation, "ents.spacy")
     text = TWO_BLOCK_TRAINING_CONFIG.replace('"tagger2"', '"ner2"')
     text = text.replace(
         '[components.tagger2]\nfactory = "tagger"', '[components.ner2]\nfactory = "ner"'
