@@ -416,11 +416,9 @@ class StreamingEvaluator:
             if pending is not None:
                 eg, pending = pending, None
             else:
-                eg = next(stream, None)
+                eg = _next_example(stream)
                 if eg is None:
                     break
-                if not isinstance(eg, Example):
-                    validate_examples([eg], "Language.evaluate")  # raises spaCy's TypeError
             length = len(eg.predicted)
             if window and (
                 len(window) >= self.window_size or n_tokens + length > self.window_tokens
@@ -430,11 +428,9 @@ class StreamingEvaluator:
                     while g % size and len(eg.predicted) == 0:
                         window.append(eg)
                         g += 1
-                        eg = next(stream, None)
+                        eg = _next_example(stream)
                         if eg is None:
                             break
-                        if not isinstance(eg, Example):
-                            validate_examples([eg], "Language.evaluate")
                     followed = eg is not None and g % size != 0
                 self._window_followed = followed
                 yield window
@@ -459,7 +455,7 @@ class StreamingEvaluator:
         n = len(window)
         if joined:
             if not batches:  # a doc to pipe them with, whose output is not scored
-                window = window + [Example(self.nlp.make_doc("x"), self.nlp.make_doc("x"))]
+                window = window + [self._partner()]
                 batches = [[n]]
             batches[0] = joined + batches[0]
         size = self._stock_batch_size
@@ -472,6 +468,11 @@ class StreamingEvaluator:
         trailing = next((k for k, length in enumerate(reversed(lengths)) if length), n)
         run = trailing + (self._empty_run if trailing == n else 0)
         self._empty_run = min(run, size)
+
+    def _partner(self) -> Example:
+        """A 1-token example piped with empty docs that have no non-empty doc to go
+        with; its output is not scored."""
+        return Example(self.nlp.make_doc("x"), self.nlp.make_doc("x"))
 
     def _empty_docs(self, lengths: List[int]) -> Tuple[List[int], List[int]]:
         """The window's empty docs: those `Language.evaluate` pipes in a batch of empty
@@ -530,7 +531,7 @@ class StreamingEvaluator:
             keep = (len(full) + 1) // 2
             if len(full) == 1:  # the one doc with tokens goes alone; a 1-token doc,
                 # whose output is not scored, keeps the empty ones company
-                partner = Example(self.nlp.make_doc("x"), self.nlp.make_doc("x"))
+                partner = self._partner()
                 parts = [full, [len(batch)] + empty]
             else:
                 parts = [empty + full[:keep], full[keep:]]
@@ -579,6 +580,14 @@ class StreamingEvaluator:
         if self.trim_heap:
             self._trimmer()
         return batch
+
+
+def _next_example(stream: Iterator[Any]) -> Optional[Example]:
+    """The next example of the stream (None at its end), validated as spaCy does."""
+    eg = next(stream, None)
+    if eg is not None and not isinstance(eg, Example):
+        validate_examples([eg], "Language.evaluate")  # raises spaCy's TypeError
+    return eg
 
 
 def _warn_oom(failed: int, new: int) -> None:

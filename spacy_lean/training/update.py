@@ -485,7 +485,10 @@ def _warn_skipped_last_listeners(
             continue
         last = listeners[-1]
         owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
+        key = f"skipped-listener:{owner}"
         if owner is None or owner in excluded or owner not in nlp.pipe_names:
+            continue
+        if key in policy._warned:  # said once: no need to look at the gold again
             continue
         proc = nlp.get_pipe(owner)
         moves = getattr(proc, "moves", None)
@@ -494,7 +497,7 @@ def _warn_skipped_last_listeners(
         gold = [bool(moves.has_gold(eg)) for eg in examples]
         if any(gold) and not all(any(gold[i] for i in group) for group in groups):
             policy.warn_once(
-                f"skipped-listener:{owner}",
+                key,
                 f"Splitting a batch where some docs have no annotation for '{owner}': a "
                 f"micro-batch without any skips its update, and '{owner}' is the last "
                 f"listener of '{producer_name}', whose backward pass runs when that "
