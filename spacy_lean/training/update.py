@@ -22,6 +22,10 @@ textcat and textcat_multilabel is a mean over the batch (`(d_scores**2).mean()`)
 micro-batch losses are weighted by their share of the batch, every other loss is summed.
 The parser's table of unseen classes (which masks scores during an update) is restored
 before each micro-batch and merged afterwards, as the whole batch would have left it.
+A ner or parser skips a micro-batch without its annotation; where it is the last
+listener of a shared tok2vec or transformer (whose backward pass that listener's
+gradient triggers), a zero gradient is relayed for it, so the other listeners'
+gradients of the micro-batch are not dropped.
 One gradient is not a sum over the batch in spaCy 3: the parser/ner lower layer's W
 gets a term from the batch's last token for every missing context feature;
 `exact_parser_gradient` (on by default) removes that term (see `parser_grad`).
@@ -297,6 +301,38 @@ _ABSENT = "absent"
 _ZERO = "zero"
 
 
+class _UnseenMerge:
+    """Leave each parser's unseen-class table as the whole batch would: a class is
+    unseen afterwards if it was unseen before the batch or added during it (a label
+    first seen in this batch grows the output layer, whose new classes start unseen),
+    and no micro-batch saw it. Each micro-batch starts from the table before the batch
+    plus the classes added (and not seen) by the micro-batches before it."""
+
+    def __init__(self, unseen: List[Tuple[Set[int], frozenset]]):
+        self.tables = [table for table, _ in unseen]
+        self.start = [set(saved) for _, saved in unseen]
+        self.base = [set(saved) for _, saved in unseen]
+        self.added: List[Set[int]] = [set() for _ in unseen]
+        self.seen: List[Set[int]] = [set() for _ in unseen]
+
+    def before(self) -> None:
+        for table, base in zip(self.tables, self.base):
+            table.clear()
+            table.update(base)
+
+    def after(self) -> None:
+        for k, table in enumerate(self.tables):
+            added = table - self.base[k]
+            self.seen[k] |= self.base[k] - table
+            self.added[k] |= added
+            self.base[k] |= added
+
+    def finish(self) -> None:
+        for k, table in enumerate(self.tables):
+            table.clear()
+            table.update((self.start[k] | self.added[k]) - self.seen[k])
+
+
 def _torch_modules(nodes: Iterable[Model]) -> List[Any]:
     modules: List[Any] = []
     seen: Set[int] = set()
@@ -364,18 +400,8 @@ class _UpdateState:
             table.clear()
             table.update(saved)
 
-    def read_unseen(self) -> List[frozenset]:
-        return [frozenset(table) for table, _ in self.unseen]
-
-    def merge_unseen(self, after: List[List[frozenset]]) -> None:
-        """Leave each table as the whole batch would have: a class stays unseen only
-        if no micro-batch saw it."""
-        for k, (table, saved) in enumerate(self.unseen):
-            merged = set(saved)
-            for tables in after:
-                merged &= tables[k]
-            table.clear()
-            table.update(merged)
+    def unseen_merge(self) -> "_UnseenMerge":
+        return _UnseenMerge(self.unseen)
 
     def release_listeners(self) -> None:
         for listener in self.listeners:
@@ -465,47 +491,134 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
     return reductions
 
 
-def _warn_skipped_last_listeners(
-    nlp: Language,
-    examples: List[Example],
-    groups: List[List[int]],
-    policy: UpdatePolicy,
-    exclude: Iterable[str],
-) -> None:
-    """Warn (once per component) where a split loses gradients: a ner or parser skips
-    an update without gold, and when it is the last listener of a shared tok2vec or
-    transformer, the producer's backward pass (which that listener triggers) does not
-    run, dropping the other listeners' gradients of that micro-batch. The whole batch,
-    with some gold, ran it."""
-    excluded = set(exclude)
-    for producer_name, producer in nlp.pipeline:
-        listener_map = getattr(producer, "listener_map", None)
-        listeners = getattr(producer, "listeners", None)
-        if not isinstance(listener_map, dict) or not listeners or len(listeners) < 2:
-            continue
-        last = listeners[-1]
-        owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
-        key = f"skipped-listener:{owner}"
-        if owner is None or owner in excluded or owner not in nlp.pipe_names:
-            continue
-        if key in policy._warned:  # said once: no need to look at the gold again
-            continue
-        proc = nlp.get_pipe(owner)
-        moves = getattr(proc, "moves", None)
-        if not isinstance(proc, Parser) or moves is None:
-            continue
-        gold = [bool(moves.has_gold(eg)) for eg in examples]
-        if any(gold) and not all(any(gold[i] for i in group) for group in groups):
-            policy.warn_once(
-                key,
-                f"Splitting a batch where some docs have no annotation for '{owner}': a "
-                f"micro-batch without any skips its update, and '{owner}' is the last "
-                f"listener of '{producer_name}', whose backward pass runs when that "
-                "listener's gradient arrives, so the other listeners' gradients of that "
-                "micro-batch are dropped (the whole batch, with some annotation, keeps "
-                f"them). Put '{owner}' before the other components listening to "
-                f"'{producer_name}' in the pipeline, or raise max_padded_tokens.",
+class _ListenerRelay:
+    """Keep the shared backward pass of a split: spaCy's tok2vec and spacy-transformers
+    run it when their *last* listener backpropagates. A ner or parser skips an update
+    without gold, so where it is that last listener, a micro-batch without its
+    annotation would drop the other listeners' gradients, which the whole batch (with
+    some annotation) passed on. The relay watches each such listener's callback and,
+    when a micro-batch did not call it, calls it with a zero gradient, which runs the
+    producer's backward pass on what the other listeners accumulated.
+
+    A whole batch without any annotation for that component is left as stock spaCy
+    leaves it (no backward pass): the split gives the whole batch's update either way.
+    Other components that may skip an update are not relayed: a split where one of them
+    skipped a micro-batch warns once."""
+
+    def __init__(
+        self,
+        nlp: Language,
+        examples: List[Example],
+        policy: UpdatePolicy,
+        exclude: Iterable[str],
+    ):
+        self.policy = policy
+        # (producer name, listener, owner name, relay zeros?)
+        self.watched: List[Tuple[str, Model, str, bool]] = []
+        excluded = set(exclude)
+        for producer_name, producer in nlp.pipeline:
+            listener_map = getattr(producer, "listener_map", None)
+            listeners = getattr(producer, "listeners", None)
+            if not isinstance(listener_map, dict) or not listeners or len(listeners) < 2:
+                continue
+            if producer_name in excluded:
+                continue
+            last = listeners[-1]
+            owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
+            if owner is None or owner in excluded or owner not in nlp.pipe_names:
+                continue
+            moves = getattr(nlp.get_pipe(owner), "moves", None)
+            if isinstance(nlp.get_pipe(owner), Parser) and moves is not None:
+                relay = any(moves.has_gold(eg) for eg in examples)
+            else:
+                relay = False
+            self.watched.append((producer_name, last, owner, relay))
+        self.called: Dict[str, List[bool]] = {owner: [] for _, _, owner, _ in self.watched}
+
+    def update(self, update: Callable[[], Any]) -> None:
+        """Run one micro-batch's update, relaying where the last listener skipped."""
+        records: List[Dict[str, Any]] = []
+        for _, listener, _, _ in self.watched:
+            record: Dict[str, Any] = {}
+            records.append(record)
+            listener.receive = _watching_receive(listener, record)
+        try:
+            update()
+            for (producer_name, listener, owner, relay), record in zip(self.watched, records):
+                if "backprop" not in record:  # the producer did not run (frozen, no docs)
+                    continue
+                self.called[owner].append(record["called"])
+                if record["called"] or not relay:
+                    continue
+                zeros = _zero_gradient(record["outputs"], listener.ops.xp)
+                if zeros is None:
+                    self.called[owner][-1] = None  # type: ignore[call-overload]
+                    continue
+                record["backprop"](zeros)
+                # As spacy-transformers' listener does after its backprop: let go of
+                # the micro-batch's outputs and callback.
+                if hasattr(listener, "backprop_and_clear"):
+                    listener._batch_id = listener._outputs = listener._backprop = None
+        finally:
+            for (_, listener, _, _), record in zip(self.watched, records):
+                listener.__dict__.pop("receive", None)
+                record.clear()
+
+    def finish(self) -> None:
+        """Warn where a micro-batch's gradients were dropped that the whole batch kept."""
+        for producer_name, _, owner, relay in self.watched:
+            called = self.called[owner]
+            dropped = any(c is None for c in called) or (
+                not relay and any(called) and not all(called)
             )
+            if dropped:
+                self.policy.warn_once(
+                    f"skipped-listener:{owner}",
+                    f"Splitting a batch where '{owner}', the last listener of "
+                    f"'{producer_name}', skipped the update of some micro-batches (no "
+                    f"annotation for it in them): '{producer_name}' runs its backward pass "
+                    "when that listener's gradient arrives, so the other listeners' "
+                    "gradients of those micro-batches are dropped (the whole batch kept "
+                    f"them). Put '{owner}' before the other components listening to "
+                    f"'{producer_name}' in the pipeline, or raise max_padded_tokens.",
+                )
+
+
+def _watching_receive(listener: Model, record: Dict[str, Any]) -> Callable[..., None]:
+    receive = type(listener).receive
+
+    def watching_receive(batch_id: int, outputs: Any, backprop: Callable) -> None:
+        def watched_backprop(*args: Any, **kwargs: Any) -> Any:
+            record["called"] = True
+            return backprop(*args, **kwargs)
+
+        record.update(outputs=outputs, backprop=watched_backprop, called=False)
+        receive(listener, batch_id, outputs, watched_backprop)
+
+    return watching_receive
+
+
+def _zero_gradient(outputs: Any, xp: Any) -> Optional[List[Any]]:
+    """A zero gradient for a listener's outputs, shaped as its component's backward
+    pass gives it: an array per doc (tok2vec), or per doc a TransformerData holding
+    only `last_hidden_state` (spacy-transformers' pooling). None if unknown."""
+    zeros: List[Any] = []
+    for out in outputs:
+        if hasattr(out, "shape"):
+            zeros.append(xp.zeros_like(out))
+            continue
+        model_output = getattr(out, "model_output", None)
+        hidden = getattr(model_output, "last_hidden_state", None)
+        if hidden is None:
+            return None
+        zeros.append(
+            type(out)(
+                wordpieces=out.wordpieces,
+                model_output=type(model_output)(last_hidden_state=xp.zeros_like(hidden)),
+                align=out.align,
+            )
+        )
+    return zeros
 
 
 def _beam_width(proc: Any) -> int:
@@ -719,16 +832,18 @@ def _update_groups(
         update(nlp, examples, sgd=False, losses=losses, **kwargs)
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
-    _warn_skipped_last_listeners(nlp, examples, groups, policy, kwargs["exclude"])
-    unseen_after = []
+    relay = _ListenerRelay(nlp, examples, policy, kwargs["exclude"])
+    unseen = state.unseen_merge()
     n = len(examples)
     for group in groups:
         part_losses: Dict[str, float] = {}
-        state.restore_unseen()
+        unseen.before()
         progress["group"] = group
-        update(nlp, [examples[i] for i in group], sgd=False, losses=part_losses, **kwargs)
-        unseen_after.append(state.read_unseen())
+        part = [examples[i] for i in group]
+        relay.update(lambda: update(nlp, part, sgd=False, losses=part_losses, **kwargs))
+        unseen.after()
         for key, value in part_losses.items():
             weight = len(group) / n if reductions.get(key) == "mean" else 1.0
             losses[key] = losses.get(key, 0.0) + weight * value
-    state.merge_unseen(unseen_after)
+    unseen.finish()
+    relay.finish()
