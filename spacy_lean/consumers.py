@@ -88,6 +88,20 @@ def _listener_attr_and_upstream(node: Model) -> Optional[Tuple[str, str]]:
     return None
 
 
+def component_assigns(nlp: Language, name: str) -> List[str]:
+    """What a component sets on each doc: its `lean_assigns` where it has one (a
+    component whose output depends on its settings, such as `char_lm` with `store`),
+    else its factory's `assigns`."""
+    try:
+        declared = getattr(nlp.get_pipe(name), "lean_assigns", None)
+    except KeyError:
+        declared = None
+    if isinstance(declared, (list, tuple)) and all(isinstance(a, str) for a in declared):
+        return list(declared)
+    meta = _factory_meta(nlp, name)
+    return list(meta.assigns) if meta is not None else []
+
+
 def find_producers(
     nlp: Language, attrs: Iterable[str], names: Optional[Sequence[str]] = None
 ) -> Dict[str, List[str]]:
@@ -95,7 +109,8 @@ def find_producers(
 
     A component counts as a producer when its factory declares the attribute in
     `assigns` (spacy-transformers' `transformer` and spacy-curated-transformers'
-    `curated_transformer` declare `doc._.trf_data`; `tok2vec` declares `doc.tensor`).
+    `curated_transformer` declare `doc._.trf_data`; `tok2vec` declares `doc.tensor`),
+    or, where the component has a `lean_assigns` list, when that names it.
 
     nlp (Language): the pipeline.
     attrs (Iterable[str]): attributes such as "doc._.trf_data".
@@ -106,8 +121,7 @@ def find_producers(
     attrs = list(attrs)
     producers: Dict[str, List[str]] = {attr: [] for attr in attrs}
     for name in nlp.pipe_names if names is None else names:
-        meta = _factory_meta(nlp, name)
-        assigns = set(meta.assigns) if meta is not None else set()
+        assigns = set(component_assigns(nlp, name))
         for attr in attrs:
             if attr in assigns:
                 producers[attr].append(name)
@@ -285,8 +299,7 @@ def unmet_consumers(
         if k is not None and position < k < j:
             # A listened-to component whose factory declares nothing is given the
             # benefit of the doubt (a Tok2Vec made by a factory of one's own).
-            meta = _factory_meta(nlp, upstream)
-            declared = meta is not None and bool(meta.assigns)
+            declared = bool(component_assigns(nlp, upstream))
             if upstream in setters or (is_listened_to(nlp.get_pipe(upstream)) and not declared):
                 continue
             where = (

@@ -5,6 +5,7 @@ import gc
 import json
 import re
 import shutil
+import warnings
 import weakref
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy
 import pytest
 import spacy
 import torch
+from spacy.language import Language
 from spacy.tokens import Doc
 from spacy.training import Example
 from spacy.util import registry
@@ -392,14 +394,41 @@ def test_component_from_bytes_and_disk_use_the_saved_store(lm_paths, docs, tmp_p
     for load in ("bytes", "disk"):
         blank = spacy.blank("en")
         pipe = blank.add_pipe("char_lm")
-        if load == "bytes":
-            blank.from_bytes(nlp.to_bytes())
-        else:
-            blank.from_disk(tmp_path / "pipeline")
+        # Built with the default store: the saved one replaces it, and that is said.
+        with pytest.warns(UserWarning, match="stores its vectors in doc._.charlm_saved_store"):
+            if load == "bytes":
+                blank.from_bytes(nlp.to_bytes())
+            else:
+                blank.from_disk(tmp_path / "pipeline")
         doc = blank(docs[2])
         assert pipe.store == pipe.cfg["store"] == "charlm_saved_store"
+        assert pipe.lean_assigns == ["doc._.charlm_saved_store"]
         assert numpy.array_equal(doc._.charlm_saved_store, expected)
         assert doc.tensor.size == 0
+
+
+def test_a_load_time_store_override_is_said_and_can_be_set(lm_paths, docs, tmp_path):
+    """spacy.load with a config override of store: the saved store is restored (as
+    spaCy restores a component's saved settings), the user is told, and setting
+    `store` afterwards puts the vectors where they were asked for."""
+    nlp = spacy.blank("en")
+    config = {"model": {"forward_lm": str(lm_paths["forward"]), "backward_lm": None}}
+    nlp.add_pipe("char_lm", config=config)
+    nlp.initialize()
+    expected = nlp(docs[1]).tensor
+    nlp.to_disk(tmp_path / "pipeline")
+    override = {"components": {"char_lm": {"store": "charlm_override"}}}
+    with pytest.warns(UserWarning, match=r"store = 'charlm_override'.*\.store = 'charlm_override'"):
+        loaded = spacy.load(tmp_path / "pipeline", config=override)
+    pipe = loaded.get_pipe("char_lm")
+    assert pipe.store == "tensor"
+    pipe.store = "charlm_override"
+    words = [t.text for t in docs[1]]
+    doc = loaded(Doc(loaded.vocab, words=words, spaces=[bool(t.whitespace_) for t in docs[1]]))
+    assert doc.tensor.size == 0 and numpy.array_equal(doc._.charlm_override, expected)
+    with warnings.catch_warnings():  # same store saved and built: nothing to say
+        warnings.simplefilter("error")
+        spacy.load(tmp_path / "pipeline")
 
 
 def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
@@ -498,3 +527,56 @@ def test_layer_settings_are_checked_when_it_is_built(setting, value, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         build_charlm_embed_v1(**{setting: value})
+
+
+@Language.component("charlm_test_tensor_reader", requires=["doc.tensor"])
+def _tensor_reader(doc):
+    return doc
+
+
+@Language.component("charlm_test_vecs_reader", requires=["doc._.charlm_test_vecs"])
+def _vecs_reader(doc):
+    return doc
+
+
+@pytest.mark.parametrize("store", ["tensor", "charlm_test_vecs"])
+def test_the_cleaner_knows_where_char_lm_stores(lm_paths, docs, store):
+    """lean_cleaner asks char_lm where its vectors go (the factory's assigns can only
+    name doc.tensor): a doc.tensor reader after a cleaner and a char_lm that stores in
+    an extension is refused (it read an empty tensor), and one storing in doc.tensor
+    sets it again, so the placement is fine."""
+    config = {"store": store, "model": {"forward_lm": str(lm_paths["forward"])}}
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("lean_cleaner")
+    nlp.add_pipe("char_lm", config={**config, "model": {**config["model"], "backward_lm": None}})
+    nlp.add_pipe("charlm_test_tensor_reader")
+    if store == "tensor":
+        nlp.initialize()
+        assert nlp(docs[0]).tensor.shape[0] == len(docs[0])
+    else:
+        with pytest.raises(ValueError, match="'charlm_test_tensor_reader' runs after it"):
+            nlp.initialize()
+
+
+def test_the_cleaner_sees_a_second_char_lm_set_the_extension_again(lm_paths, docs):
+    """char_lm(ext), cleaner releasing ext, char_lm(ext) again, a reader of ext: the
+    second char_lm sets it again, so the placement is accepted (it was refused: no
+    component was known to set doc._.<store>); without the second one it is refused,
+    naming the first char_lm as the setter."""
+    model = {"forward_lm": str(lm_paths["forward"]), "backward_lm": None}
+    for again in (True, False):
+        nlp = spacy.blank("en")
+        nlp.add_pipe("char_lm", name="first", config={"store": "charlm_test_vecs", "model": model})
+        nlp.add_pipe("lean_cleaner", config={"extensions": ["charlm_test_vecs"]})
+        if again:
+            nlp.add_pipe(
+                "char_lm", name="again", config={"store": "charlm_test_vecs", "model": model}
+            )
+        nlp.add_pipe("charlm_test_vecs_reader")
+        if again:
+            nlp.initialize()
+            assert nlp(docs[0])._.charlm_test_vecs.shape[0] == len(docs[0])
+        else:
+            with pytest.raises(ValueError, match="'first' sets doc._.charlm_test_vecs before"):
+                nlp.initialize()

@@ -9,6 +9,7 @@ Each doc gets a compact copy of just its own rows, so nothing it keeps refers to
 batch's LM hidden states (or to the other docs of the batch).
 """
 
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, List, Optional, Union
 
@@ -95,10 +96,44 @@ class CharLMComponent(Pipe):
                     "could not be read back. Choose another name, or register it with a "
                     "default (Doc.set_extension(name, default=None))."
                 )
-        self.store = store
+        self._store = store
         self.cfg["store"] = store
         if store != "tensor" and not Doc.has_extension(store):
             Doc.set_extension(store, default=None)
+
+    @property
+    def store(self) -> str:
+        """Where the vectors go: "tensor" (`doc.tensor`) or the name of a Doc
+        extension (`doc._.<store>`). Settable; saved with the component."""
+        return self._store
+
+    @store.setter
+    def store(self, store: str) -> None:
+        self._set_store(store)
+
+    @property
+    def lean_assigns(self) -> List[str]:
+        """What the component sets on each doc, for `lean_cleaner`'s check: the
+        factory's `assigns` can only name the default (`doc.tensor`)."""
+        return ["doc.tensor" if self._store == "tensor" else f"doc._.{self._store}"]
+
+    def _load_cfg(self, saved: dict) -> None:
+        """Take the saved settings. Like spaCy's components, the saved `store` wins
+        over the one the component was built with; where they differ, say so."""
+        store = saved.get("store", self._store)
+        if store != self._store:
+            warnings.warn(
+                f"char_lm '{self.name}': the saved pipeline stores its vectors in "
+                f"{_where(store)}, which replaces store = {self._store!r} that it was built "
+                "with (a component's saved settings are restored when it is loaded, so a "
+                "load-time config override of store is not used, and nlp.config no longer "
+                f"says where they go). To store them elsewhere, set "
+                f"nlp.get_pipe({self.name!r}).store = {self._store!r} after loading.",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.cfg.update(saved)
+        self._set_store(self.cfg["store"])
 
     def __call__(self, doc: Doc) -> Doc:
         self.set_annotations([doc], self.predict([doc]))
@@ -118,10 +153,10 @@ class CharLMComponent(Pipe):
         """Store a compact copy of each doc's rows on the doc."""
         for doc, rows in zip(docs, vectors):
             own = rows.copy()
-            if self.store == "tensor":
+            if self._store == "tensor":
                 doc.tensor = own
             else:
-                doc._.set(self.store, own)
+                doc._.set(self._store, own)
 
     def initialize(
         self,
@@ -147,8 +182,7 @@ class CharLMComponent(Pipe):
 
     def from_bytes(self, bytes_data: bytes, *, exclude=SimpleFrozenList()) -> "CharLMComponent":
         msg = srsly.msgpack_loads(bytes_data)
-        self.cfg.update(msg.get("cfg", {}))
-        self._set_store(self.cfg["store"])
+        self._load_cfg(msg.get("cfg", {}))
         self.model.from_bytes(msg["model"])
         return self
 
@@ -161,10 +195,13 @@ class CharLMComponent(Pipe):
     def from_disk(self, path: Union[str, Path], *, exclude=SimpleFrozenList()) -> "CharLMComponent":
         path = Path(path)
         if (path / "cfg").exists():
-            self.cfg.update(srsly.read_json(path / "cfg"))
-            self._set_store(self.cfg["store"])
+            self._load_cfg(srsly.read_json(path / "cfg"))
         try:
             self.model.from_disk(path / "model")
         except CheckpointError as err:
             raise CheckpointError(f"{path / 'model'}: {err}") from None
         return self
+
+
+def _where(store: str) -> str:
+    return "doc.tensor" if store == "tensor" else f"doc._.{store}"
