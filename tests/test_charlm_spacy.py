@@ -519,6 +519,8 @@ def test_component_on_messy_docs_pipe_batch_size_1_and_all_empty(lm_paths):
         ("threads", True, "threads must be a whole number >= 1 or null, got True"),
         ("batch_size", True, "batch_size must be a whole number >= 1, got True"),
         ("batch_size", 0, "batch_size must be a whole number >= 1, got 0"),
+        ("forward_lm", "", "forward_lm is an empty string"),
+        ("backward_lm", " ", "backward_lm is an empty string"),
     ],
 )
 def test_layer_settings_are_checked_when_it_is_built(setting, value, message):

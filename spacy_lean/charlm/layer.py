@@ -204,6 +204,12 @@ def build_charlm_embed_v1(
         # Checked when the model is built, as batch_size is (it was at the first call).
         raise ValueError(f"threads must be a whole number >= 1 or null, got {threads}")
     check_max_chunk_chars(max_chunk_chars)
+    for key, path in (("forward_lm", forward_lm), ("backward_lm", backward_lm)):
+        if isinstance(path, str) and not path.strip():
+            raise ValueError(
+                f"{key} is an empty string: give the path of a Flair LanguageModel "
+                "checkpoint (.pt), or null for no LM in that direction."
+            )
     wrapper = PyTorchWrapper_v3(
         CharLMPair(fine_tune=fine_tune, embedder_settings=settings),
         convert_inputs=_convert_inputs,
