@@ -81,6 +81,24 @@ def test_shard_errors(tmp_path):
     assert bad.exit_code == 1 and "docs_per_shard must be >= 1, got 0" in flat(bad)
 
 
+def test_shard_lang_is_checked_for_jsonl_and_not_needed_for_spacy(tmp_path):
+    """--lang names the tokenizer of .jsonl input: an unknown one is a one-line error
+    (it was spaCy's ImportError traceback) that leaves no output folder; .spacy input
+    needs no tokenizer, so the option does not stop it."""
+    srsly.write_jsonl(tmp_path / "a.jsonl", [{"text": "Ada met Bo."}])
+    bad = runner.invoke(
+        app, ["lean", "shard", str(tmp_path / "a.jsonl"), str(tmp_path / "o"), "--lang", "zz"]
+    )
+    assert bad.exit_code == 1 and "lang = 'zz': spaCy has no such language" in flat(bad)
+    assert bad.exception is None or isinstance(bad.exception, SystemExit)
+    assert not (tmp_path / "o").exists()
+    synthetic.write_ner_corpus(tmp_path / "b.spacy", 3, seed=1)
+    args = ["lean", "shard", str(tmp_path / "b.spacy"), str(tmp_path / "p"), "--lang", "zz"]
+    assert runner.invoke(app, args).exit_code == 0
+    nlp = spacy.blank("en")
+    assert summary(docs_of(tmp_path / "p", nlp)) == summary(docs_of(tmp_path / "b.spacy", nlp))
+
+
 def test_shard_truncated_file_fails_naming_it(tmp_path):
     """A truncated .spacy input stops the command with the file named, before any
     shard is written (the reader checks the whole file when it opens it)."""

@@ -27,6 +27,7 @@ Offsets must fall on token boundaries; a record whose offsets do not raises an e
 naming the file, the line and the span.
 """
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Tuple, Union
@@ -263,16 +264,20 @@ def doc_from_record(
                 'overlapping annotation in "spans" instead.'
             ) from err
     cats = record.get("cats")
-    if cats:
+    if cats is not None:
         if not isinstance(cats, dict):
-            raise ValueError(f'{where}: "cats" must be an object of label -> score.')
-        try:
-            doc.cats.update({str(k): float(v) for k, v in cats.items()})
-        except (TypeError, ValueError):
             raise ValueError(
-                f'{where}: "cats" must map each label to a number (a score, e.g. 1.0 or '
-                f"0.0), got {str(cats)[:80]!r}."
-            ) from None
+                f'{where}: "cats" must be an object of label -> score, got {str(cats)[:80]!r}.'
+            )
+        for label, score in cats.items():
+            # A JSON number (true/false read as 1.0/0.0); not a string such as "nan" or
+            # "0.5", which float() would take; finite.
+            if not isinstance(score, (int, float)) or not math.isfinite(score):
+                raise ValueError(
+                    f'{where}: "cats" must map each label to a finite number (a score, e.g. '
+                    f"1.0 or 0.0), got {score!r} for {label!r}."
+                )
+        doc.cats.update({str(k): float(v) for k, v in cats.items()})
     if "meta" in record:
         doc.user_data["meta"] = record["meta"]
     return doc

@@ -86,6 +86,17 @@ def write_shards(
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"Output path '{output_dir}' exists and is not a folder.")
+    if nlp is None and any(path.suffix == ".jsonl" for path in inputs):
+        import spacy
+
+        try:
+            nlp = spacy.blank(lang)
+        except ImportError as err:  # spaCy's E048: no such language
+            raise ValueError(
+                f"lang = {lang!r}: spaCy has no such language ({err}). Give a language code "
+                "spaCy knows (e.g. en, de, xx for a multi-language tokenizer) for the "
+                ".jsonl input."
+            ) from None
     made_dir = not output_dir.exists()
     output_dir.mkdir(parents=True, exist_ok=True)
     existing = sorted(output_dir.glob(f"{prefix}-*.spacy"))
@@ -94,10 +105,10 @@ def write_shards(
             f"'{output_dir}' already holds shards ({existing[0].name}, ...). Write to an "
             "empty folder, or use another --prefix."
         )
-    if nlp is None:
+    if nlp is None:  # only .spacy input: the vocab of any language reads it
         import spacy
 
-        nlp = spacy.blank(lang)
+        nlp = spacy.blank("xx")
     written: List[Path] = []
     doc_bin = DocBin(store_user_data=True)
     bar = None
