@@ -994,3 +994,30 @@ def test_a_label_first_seen_in_a_split_update_stays_masked_where_unseen():
     assert new in nlp.get_pipe("ner").labels
     assert expected, "some of the new label's classes stay unseen after the whole batch"
     assert table == expected
+
+
+@pytest.mark.parametrize("producer", ["tok2vec", "transformer"])
+def test_a_share_without_annotation_keeps_the_other_listeners_gradients(producer, tiny_transformer):
+    """Data-parallel ranks each update their share: a share without ner annotation
+    (ner the last listener) kept none of the tagger's gradients for the producer, so 2
+    ranks differed from 1 rank with the whole batch. With the relay, the shares'
+    gradients add up to the whole batch's (and a batch without any ner annotation
+    keeps the tagger's gradients, which `nlp.update` drops)."""
+    nlp, examples = _partly_annotated_pipeline(producer, ("tagger", "ner"), tiny_transformer)
+    whole, _ = _partly_annotated_pipeline(producer, ("tagger", "ner"), tiny_transformer)
+    stock, _ = _partly_annotated_pipeline(producer, ("tagger", "ner"), tiny_transformer)
+    losses_whole, losses_shares = {}, {}
+    lean_update(whole, examples, losses=losses_whole)
+    for share in (examples[:4], examples[4:]):  # the second share: no entities
+        lean_update(nlp, share, losses=losses_shares)
+    assert_same(arrays(nlp, grads=True), arrays(whole, grads=True), f"{producer} grad")
+    assert losses_shares == pytest.approx(losses_whole, rel=1e-5)
+    stock.update(examples[:4], sgd=False)
+    stock.update(examples[4:], sgd=False)
+    producer_grads = arrays(whole, grads=True)
+    differs = [
+        i
+        for i, (a, b) in enumerate(zip(arrays(stock, grads=True), producer_grads))
+        if a is not None and b is not None and not numpy.allclose(a, b, rtol=RTOL, atol=1e-5)
+    ]
+    assert differs, "stock nlp.update drops the tagger's gradients of the share without ner"

@@ -22,10 +22,10 @@ textcat and textcat_multilabel is a mean over the batch (`(d_scores**2).mean()`)
 micro-batch losses are weighted by their share of the batch, every other loss is summed.
 The parser's table of unseen classes (which masks scores during an update) is restored
 before each micro-batch and merged afterwards, as the whole batch would have left it.
-A ner or parser skips a micro-batch without its annotation; where it is the last
+A ner or parser skips a (micro-)batch without its annotation; where it is the last
 listener of a shared tok2vec or transformer (whose backward pass that listener's
 gradient triggers), a zero gradient is relayed for it, so the other listeners'
-gradients of the micro-batch are not dropped.
+gradients of the (micro-)batch are not dropped (`nlp.update` drops them).
 One gradient is not a sum over the batch in spaCy 3: the parser/ner lower layer's W
 gets a term from the batch's last token for every missing context feature;
 `exact_parser_gradient` (on by default) removes that term (see `parser_grad`).
@@ -492,26 +492,21 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
 
 
 class _ListenerRelay:
-    """Keep the shared backward pass of a split: spaCy's tok2vec and spacy-transformers
-    run it when their *last* listener backpropagates. A ner or parser skips an update
-    without gold, so where it is that last listener, a micro-batch without its
-    annotation would drop the other listeners' gradients, which the whole batch (with
-    some annotation) passed on. The relay watches each such listener's callback and,
-    when a micro-batch did not call it, calls it with a zero gradient, which runs the
-    producer's backward pass on what the other listeners accumulated.
+    """Keep the shared backward pass: spaCy's tok2vec and spacy-transformers run it
+    when their *last* listener backpropagates. A ner or parser skips an update
+    without gold, so where it is that last listener, a (micro-)batch without its
+    annotation would drop the other listeners' gradients. The relay watches each such
+    listener's callback and, when an update did not call it, calls it with a zero
+    gradient, which runs the producer's backward pass on what the other listeners
+    accumulated.
 
-    A whole batch without any annotation for that component is left as stock spaCy
-    leaves it (no backward pass): the split gives the whole batch's update either way.
-    Other components that may skip an update are not relayed: a split where one of them
-    skipped a micro-batch warns once."""
+    So a micro-batch, or a rank's share of a data-parallel batch, without the
+    annotation keeps the other listeners' gradients, as the whole batch (with some
+    annotation) does. A whole batch without any keeps them too, where `nlp.update`
+    drops them. Other components that may skip an update are not relayed: a split
+    where one of them skipped a micro-batch warns once."""
 
-    def __init__(
-        self,
-        nlp: Language,
-        examples: List[Example],
-        policy: UpdatePolicy,
-        exclude: Iterable[str],
-    ):
+    def __init__(self, nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]):
         self.policy = policy
         # (producer name, listener, owner name, relay zeros?)
         self.watched: List[Tuple[str, Model, str, bool]] = []
@@ -527,11 +522,7 @@ class _ListenerRelay:
             owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
             if owner is None or owner in excluded or owner not in nlp.pipe_names:
                 continue
-            moves = getattr(nlp.get_pipe(owner), "moves", None)
-            if isinstance(nlp.get_pipe(owner), Parser) and moves is not None:
-                relay = any(moves.has_gold(eg) for eg in examples)
-            else:
-                relay = False
+            relay = isinstance(nlp.get_pipe(owner), Parser)
             self.watched.append((producer_name, last, owner, relay))
         self.called: Dict[str, List[bool]] = {owner: [] for _, _, owner, _ in self.watched}
 
@@ -662,7 +653,9 @@ def lean_update(
     on the models, never step the optimizer, and survive running out of GPU memory.
 
     The batch is cut into micro-batches within the policy's padded-token limit (none by
-    default: one call, exactly `nlp.update`). When an update runs out of memory, what
+    default: one call, `nlp.update`, except that a ner or parser without annotation in
+    the batch that is the last listener of a shared tok2vec or transformer does not
+    drop the other listeners' gradients). When an update runs out of memory, what
     the failed attempt accumulated is undone and the batch is updated again in
     micro-batches of half the failed one's padded size, until it fits.
 
@@ -827,12 +820,12 @@ def _update_groups(
     `progress["group"]` names the micro-batch being updated."""
     # The class's update: `nlp.update` may be this module's, installed on the instance.
     update = type(nlp).update
+    relay = _ListenerRelay(nlp, policy, kwargs["exclude"])
     if len(groups) == 1:
         progress["group"] = groups[0]
-        update(nlp, examples, sgd=False, losses=losses, **kwargs)
+        relay.update(lambda: update(nlp, examples, sgd=False, losses=losses, **kwargs))
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
-    relay = _ListenerRelay(nlp, examples, policy, kwargs["exclude"])
     unseen = state.unseen_merge()
     n = len(examples)
     for group in groups:
