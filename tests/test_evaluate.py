@@ -352,7 +352,9 @@ def test_bad_window_is_refused_when_the_callback_is_made(bad):
 
     with pytest.raises(ValueError, match=f"window_size must be >= 0, got {bad}"):
         make_streaming_evaluate_v1(window_size=bad)
-    with pytest.raises(ValueError, match=f"window_size must be >= 0, got {bad}"):
+    with pytest.raises(
+        ValueError, match=f"lean_training.v1: eval_window_size must be >= 0, got {bad}"
+    ):
         make_lean_training_v1(eval_window_size=bad)
 
 
@@ -373,7 +375,8 @@ def test_lean_training_eval_budget_is_checked_like_the_streaming_callbacks(bad):
 
     from spacy_lean.training.callbacks import make_lean_training_v1
 
-    with pytest.raises(ValueError, match=f"max_batch_tokens must be .* got {re.escape(repr(bad))}"):
+    message = f"lean_training.v1: eval_max_batch_tokens must be .* got {re.escape(repr(bad))}"
+    with pytest.raises(ValueError, match=message):
         make_lean_training_v1(eval_max_batch_tokens=bad)
     if isinstance(bad, str):  # the config's type check reads "4096" as 4096
         return
@@ -973,10 +976,11 @@ def test_bad_trim_slack_is_a_clear_error(trf_ner_nlp, bad):
         lambda: StreamingEvaluator(trf_ner_nlp, trim_slack_mb=bad),
         lambda: install_streaming_evaluate(trf_ner_nlp, trim_slack_mb=bad),
         lambda: make_streaming_evaluate_v1(trim_slack_mb=bad),
-        lambda: make_lean_training_v1(eval_trim_slack_mb=bad),
     ):
         with pytest.raises(ValueError, match=message):
             make()
+    with pytest.raises(ValueError, match="lean_training.v1: eval_" + message):
+        make_lean_training_v1(eval_trim_slack_mb=bad)
     if not isinstance(bad, (str, bool)):  # a config's own types: refused when resolved
         with pytest.raises(ValueError, match="trim_slack_mb must be"):
             registry.resolve({"cb": {"@callbacks": CALLBACK_NAME, "trim_slack_mb": bad}})

@@ -1021,3 +1021,13 @@ def test_a_share_without_annotation_keeps_the_other_listeners_gradients(producer
         if a is not None and b is not None and not numpy.allclose(a, b, rtol=RTOL, atol=1e-5)
     ]
     assert differs, "stock nlp.update drops the tagger's gradients of the share without ner"
+
+
+def test_a_wordpiece_tokenizer_that_does_not_load_fails_when_the_config_is_resolved(tmp_path):
+    """It failed at the first update, after the pipeline was initialized (minutes
+    with a real transformer); now when the callback is made, as the batcher's does."""
+    from spacy.util import registry
+
+    cfg = {"cb": {"@callbacks": CALLBACK_NAME, "wordpiece_tokenizer": str(tmp_path / "none")}}
+    with pytest.raises(ValueError, match="Could not load a tokenizer from"):
+        registry.resolve(cfg)

@@ -18,6 +18,7 @@ from ..streaming import (
     check_window_size,
     install_streaming_evaluate,
 )
+from ..corpus.lengths import get_length_function
 from .update import UpdatePolicy, lean_update
 
 CALLBACK_NAME = "spacy-lean.lean_training.v1"
@@ -144,11 +145,21 @@ def make_lean_training_v1(
     """
     # Validate the settings when the config is resolved, not at the first batch.
     UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
-    if eval_max_batch_tokens is not None:
-        check_max_batch_tokens(eval_max_batch_tokens)
-    if eval_window_size is not None:
-        check_window_size(eval_window_size)
-    check_trim_slack_mb(eval_trim_slack_mb)
+    # The streaming evaluator's checks, their messages naming this callback's settings.
+    for name, value, check in (
+        ("max_batch_tokens", eval_max_batch_tokens, check_max_batch_tokens),
+        ("window_size", eval_window_size, check_window_size),
+        ("trim_slack_mb", eval_trim_slack_mb, check_trim_slack_mb),
+    ):
+        if value is None and name != "trim_slack_mb":
+            continue
+        try:
+            check(value)
+        except ValueError as err:
+            message = str(err).replace(name, f"eval_{name}", 1)
+            raise ValueError(f"{CALLBACK_NAME}: {message}") from None
+    # A tokenizer that does not load fails here, not at the first update.
+    get_length = get_length_function(wordpiece_tokenizer) if wordpiece_tokenizer else None
     given = {
         "eval_window_size": eval_window_size,
         "eval_max_batch_tokens": eval_max_batch_tokens,
@@ -173,6 +184,7 @@ def make_lean_training_v1(
             trim_heap_slack_mb=trim_heap_slack_mb,
             sort_spans=sort_spans,
         )
+        policy._get_length = get_length
         install_lean_update(nlp, policy)
         if streaming_evaluate:
             install_streaming_evaluate(
