@@ -1078,3 +1078,48 @@ def test_bad_numbers_are_refused_before_anything_starts(setup, tmp_path, args, n
     result = CliRunner().invoke(app, command + ["--nproc", "2", *args])
     assert result.exit_code == 1 and needle in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_local_launcher_ignores_an_inherited_master_addr(tmp_path):
+    """A job script that exported MASTER_ADDR for torchrun on another node: `--nproc`
+    kept it with a port free on this machine, and the ranks waited for --timeout, then
+    failed. The ranks run here, so they meet here."""
+    from spacy_lean.training.launch import launch_local
+
+    check = "import os, sys; sys.exit(os.environ['MASTER_ADDR'] != '127.0.0.1')"
+    env = dict(os.environ, MASTER_ADDR="192.0.2.1")
+    assert launch_local([sys.executable, "-c", check], 2, env=env) == 0
+
+
+def test_a_missing_master_addr_is_refused_before_the_pipeline_is_built(monkeypatch):
+    """RANK and WORLD_SIZE set by hand without MASTER_ADDR: refused when the context is
+    read (it was refused after initialization, with a traceback)."""
+    from spacy_lean.training.dist import context_from_env
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"MASTER_ADDR is not set \(RANK=0, WORLD_SIZE=2\)"):
+        context_from_env()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(ValueError, match="MASTER_PORT is not set"):
+        context_from_env()
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert context_from_env().world_size == 2
+
+
+def test_a_refusal_on_another_node_is_printed_there(setup, tmp_path):
+    """Local rank 0 of a node other than rank 0's (here RANK=1, LOCAL_RANK=0) fails
+    where rank 0 may not (a node-local --output without a state): it says why, naming
+    its rank (it exited 1 without a word, and rank 0 waited for --timeout)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RANK="1", WORLD_SIZE="2", LOCAL_RANK="0")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    cmd = [sys.executable, "-m", "spacy", "lean", "train", str(setup / "config.cfg")]
+    cmd += ["--output", str(tmp_path / "none"), "--resume", "--code", str(setup / "code.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and "Rank 1 of 2: Nothing to resume" in out, out
+    env["LOCAL_RANK"] = "1"  # a second rank of that node: its local rank 0 says it
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1 and "Nothing to resume" not in proc.stdout + proc.stderr

@@ -19,6 +19,7 @@ from wasabi import Printer
 from . import lean_cli
 
 if TYPE_CHECKING:
+    from ..training.dist import DistContext
     from ..training.update import UpdatePolicy
 
 
@@ -51,10 +52,15 @@ def _single_process_view() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _fail(msg: Printer, text: str) -> NoReturn:
-    """`msg.fail(text, exits=1)`, where only rank 0's printer prints: the other ranks
-    exit 1 quietly (a wasabi printer made with no_print exits with a stack trace)."""
-    msg.fail(text)
+def _fail(msg: Printer, text: str, dctx: Optional["DistContext"] = None) -> NoReturn:
+    """`msg.fail(text, exits=1)` (a wasabi printer made with no_print exits with a
+    stack trace). Rank 0 prints; so does local rank 0 of every other node, which may
+    fail where rank 0 does not (node-local files), prefixed with its rank. The other
+    ranks of a node fail as its local rank 0 does, and exit 1 quietly."""
+    if dctx is not None and not dctx.is_main and dctx.local_rank == 0:
+        Printer().fail(f"Rank {dctx.rank} of {dctx.world_size}: {text}")
+    else:
+        msg.fail(text)
     sys.exit(1)
 
 
@@ -251,7 +257,7 @@ def train(
         try:
             state = read_training_state(output_path)
         except (FileNotFoundError, ValueError) as err:
-            _fail(msg, str(err))
+            _fail(msg, str(err), dctx)
         saved_model = Path(state["path"]) / "model"
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
@@ -266,25 +272,26 @@ def train(
                 "differs from the run's. Resume with the config the run was started with "
                 f"(its copy: {saved_model / 'config.cfg'}), or train again without --resume "
                 "(into another --output folder to keep this one).",
+                dctx,
             )
         msg.good(f"Loaded {saved_model} (step {state['step']})")
         try:
             training = nlp.config["training"]
             check_steps_left(state, training["max_steps"], training["max_epochs"])
         except ValueError as err:
-            _fail(msg, str(err))
+            _fail(msg, str(err), dctx)
     else:
         msg.divider("Initializing pipeline")
         try:
             with show_validation_error(config_path, hint_fill=False), _single_process_view():
                 nlp = init_nlp(config, use_gpu=dctx.gpu_id)
         except CorruptShardError as err:  # a data file: its message names it and the fix
-            _fail(msg, str(err))
+            _fail(msg, str(err), dctx)
         msg.good("Initialized pipeline")
     try:
         policy = update_policy(nlp, max_padded_tokens)
     except ValueError as err:
-        _fail(msg, str(err))
+        _fail(msg, str(err), dctx)
     msg.divider("Training pipeline")
     try:
         dctx.init()
@@ -298,7 +305,7 @@ def train(
             stderr=sys.stderr,
         )
     except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
-        _fail(msg, str(err))
+        _fail(msg, str(err), dctx)
     except TrainingStopped as stop:  # every rank, after the same step; rank 0 says it
         if output_path is None:
             saved = "Nothing was saved (no --output)."
@@ -311,7 +318,7 @@ def train(
         sys.exit(STOPPED_EXIT_CODE)
     except CorruptShardError as err:
         if not dctx.active:  # one process: the message, which names the file, is enough
-            _fail(msg, str(err))
+            _fail(msg, str(err), dctx)
         Printer().fail(f"Rank {dctx.rank} of {dctx.world_size} stopped: {err}", exits=1)
     except Exception as err:
         if dctx.active:

@@ -202,6 +202,14 @@ def context_from_env(
         raise ValueError(
             f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE."
         )
+    if world > 1:  # checked before the pipeline is initialized (minutes with a transformer)
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise ValueError(
+                    f"{name} is not set (RANK={rank}, WORLD_SIZE={world}): start the run with "
+                    "`spacy lean train --nproc N` or under torchrun, which set it, or set "
+                    "MASTER_ADDR and MASTER_PORT to rank 0's address and a free port there."
+                )
     gpu_id = gpu_ids[local_rank % len(gpu_ids)] if gpu_ids else -1
     chosen = None if backend == "auto" else backend
     return DistContext(rank, world, local_rank, gpu_id, backend=chosen, timeout_s=timeout_s)

@@ -59,7 +59,9 @@ def launch_local(
     """
     base = dict(os.environ if env is None else env)
     base.update(
-        MASTER_ADDR=base.get("MASTER_ADDR", "127.0.0.1"),
+        # The ranks run on this machine, and the port is free here: an inherited
+        # MASTER_ADDR (exported for torchrun on another node) would point them elsewhere.
+        MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         WORLD_SIZE=str(nproc),
         LOCAL_WORLD_SIZE=str(nproc),

@@ -1026,6 +1026,12 @@ def train(
                 f"each rank replays its first {skip_batches} batches of the epoch unused"
                 if int(resume["world_size"]) == ctx.world_size
                 else f"each rank skips the first {skip_examples} examples of its share of the epoch"
+                + (
+                    " (the right number; with a listed epoch, max_epochs >= 0, not exactly the "
+                    "examples the saved run trained: see distributed.md)"
+                    if T["max_epochs"] >= 0
+                    else ""
+                )
             )
             stdout.write(
                 msg.info(
