@@ -9,11 +9,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy
 import pytest
 import spacy
 import srsly
+from spacy.training import Example
 from spacy.cli.init_config import fill_config
 from thinc.api import Config
 
@@ -1123,3 +1125,63 @@ def test_a_refusal_on_another_node_is_printed_there(setup, tmp_path):
     env["LOCAL_RANK"] = "1"  # a second rank of that node: its local rank 0 says it
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1 and "Nothing to resume" not in proc.stdout + proc.stderr
+
+
+def test_a_label_first_met_in_training(tiny_ner_config, tmp_path):
+    """The ner initialized from a labels file without one label that the training data
+    holds: spaCy grows its output layer when a batch meets it. One process: the
+    parameter list is collected again, so the checkpoint's optimizer state is the new
+    layer's and --resume works (it refused its own state: "saved for another model").
+    Two ranks: the one that met it would train another model than the other (they
+    drifted apart silently); the run stops naming the label and the fix."""
+    from spacy.tokens import DocBin
+
+    nlp = spacy.blank("en")
+    docs = synthetic.make_ner_docs(nlp, 24, seed=61, long_doc_rate=0.0)
+    counts = Counter(ent.label_ for doc in docs for ent in doc.ents)
+    rare = min(counts, key=lambda label: (counts[label], label))
+    ner = nlp.add_pipe("ner")
+    known = [d for d in docs if all(e.label_ != rare for e in d.ents)]
+    nlp.initialize(lambda: [Example(nlp.make_doc(d.text), d) for d in known])
+    srsly.write_json(tmp_path / "ner.json", ner.label_data)
+    assert rare not in ner.labels
+    # Read in order (max_epochs -1): the label comes after the first steps, whose Adam
+    # state the grown layer's replaces.
+    with_rare = [d for d in docs if any(e.label_ == rare for e in d.ents)]
+    assert len(known) >= 8 and with_rare
+    docs = known[:8] + with_rare[:1] + known[8:15]
+    DocBin(docs=docs).to_disk(tmp_path / "train.spacy")
+    DocBin(docs=docs[:4]).to_disk(tmp_path / "dev.spacy")
+    config = tiny_ner_config()
+    config["initialize"]["components"]["ner"] = {
+        "labels": {"@readers": "spacy.read_labels.v1", "path": str(tmp_path / "ner.json")}
+    }
+    config["training"].update(max_steps=3, eval_frequency=2, max_epochs=-1)
+    config["training"]["batcher"] = {
+        "@batchers": "spacy.batch_by_sequence.v1",
+        "size": 4,
+        "get_length": None,
+    }
+    config.to_disk(tmp_path / "config.cfg")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+
+    def run(output, *args):
+        cmd = [sys.executable, "-m", "spacy", "lean", "train", str(tmp_path / "config.cfg")]
+        cmd += ["--output", str(output), "--paths.train", str(tmp_path / "train.spacy")]
+        cmd += ["--paths.dev", str(tmp_path / "dev.spacy"), "--timeout", "60", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+    one = run(tmp_path / "one", "--training.batcher.size", "4")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert rare in spacy.load(tmp_path / "one" / "model-last").get_pipe("ner").labels
+    again = run(tmp_path / "one", "--resume", "--training.max_steps", "5")
+    assert again.returncode == 0, again.stdout + again.stderr
+    two = run(tmp_path / "two", "--nproc", "2", "--training.batcher.size", "2")
+    out = " ".join((two.stdout + two.stderr).split())
+    assert two.returncode == 1, out
+    assert (
+        f"held labels that the components' initialize data did not have ('ner': ['{rare}'])" in out
+    )
+    assert "spacy init labels" in out

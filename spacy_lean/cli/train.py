@@ -228,7 +228,7 @@ def train(
     from ..corpus.docbin import CorruptShardError
     from ..training.dist import TrainingStateError, context_from_env
     from ..training.launch import launched_by_us, stop_with_launcher
-    from ..training.loop import DIR_STATE, NothingToTrainError, check_steps_left
+    from ..training.loop import DIR_STATE, LabelsGrewError, NothingToTrainError, check_steps_left
     from ..training.loop import read_training_state
     from ..training.loop import train as train_nlp
     from ..training.stopping import STOPPED_EXIT_CODE, TrainingStopped, signal_name
@@ -304,7 +304,11 @@ def train(
             stdout=sys.stdout if dctx.is_main else open(os.devnull, "w"),
             stderr=sys.stderr,
         )
-    except (TrainingStateError, NothingToTrainError) as err:  # every rank; rank 0 says it
+    except (
+        TrainingStateError,
+        NothingToTrainError,
+        LabelsGrewError,
+    ) as err:  # every rank; rank 0 says it
         _fail(msg, str(err), dctx)
     except TrainingStopped as stop:  # every rank, after the same step; rank 0 says it
         if output_path is None:

@@ -18,11 +18,24 @@ import sys
 import warnings
 from pathlib import Path
 from timeit import default_timer as timer
-from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy
 from spacy.errors import Errors
 from spacy.language import Language
+from spacy.pipeline.transition_parser import Parser
 from spacy.schemas import ConfigSchemaTraining
 from spacy.training.loop import (
     DIR_MODEL_BEST,
@@ -687,6 +700,30 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
         )
 
 
+class LabelsGrewError(ValueError):
+    """A parser or ner met a label in data-parallel training that its initialize data
+    did not have: it grew its output layer on one rank only."""
+
+
+def _label_counts(nlp: Language, frozen: Iterable[str]) -> Dict[str, int]:
+    """The number of transitions of each trained parser and ner: it grows when the
+    component meets a label in training that it was not initialized with (spaCy then
+    replaces its output layer by a larger one)."""
+    return {
+        name: int(proc.moves.n_moves)
+        for name, proc in nlp.pipeline
+        if name not in frozen and isinstance(proc, Parser)
+    }
+
+
+def _new_labels(nlp: Language, before: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    return {
+        name: sorted(set(nlp.get_pipe(name).labels) - set(labels))
+        for name, labels in before.items()
+        if set(nlp.get_pipe(name).labels) - set(labels)
+    }
+
+
 class NothingToTrainError(ValueError):
     """A saved state has no step left under the resumed run's max_steps or max_epochs;
     the message says which override goes on."""
@@ -873,6 +910,8 @@ def train(
 
     entries = collect_params(nlp, exclude=frozen)
     reducer = GradientReducer(ctx, entries)
+    label_counts = _label_counts(nlp, frozen)
+    labels_before = {name: list(nlp.get_pipe(name).labels) for name in label_counts}
     reducer.check_same_params()
     reducer.broadcast_values(0)  # identical start, whatever each rank's init did
     loss_names = list(nlp.pipe_names)
@@ -1123,8 +1162,33 @@ def train(
                     for name in loss_names
                 ]
                 extras.append(n_docs)
+                # A parser or ner that met a new label replaced its output layer: the
+                # parameter list must be collected again (one process), or the ranks
+                # would hold different layers (several: refused).
+                grew = _label_counts(nlp, frozen) != label_counts
+                extras.append(1.0 if grew else 0.0)
                 extras.append(1.0 if stop.requested else 0.0)  # last: ranks asked to stop
+                if grew and not ctx.active:
+                    entries = collect_params(nlp, exclude=frozen)
+                    reducer = GradientReducer(ctx, entries)
+                    label_counts = _label_counts(nlp, frozen)
                 summed = reducer.reduce(extras)
+                if ctx.active and summed[-2] > 0:
+                    new = {}
+                    for rank_new in ctx.all_gather_json(_new_labels(nlp, labels_before)):
+                        for name, labels in rank_new.items():
+                            new[name] = sorted(set(new.get(name, [])) | set(labels))
+                    found = "; ".join(f"'{name}': {labels}" for name, labels in new.items())
+                    raise LabelsGrewError(
+                        f"At step {step}, a training batch held labels that the components' "
+                        f"initialize data did not have ({found}). spaCy adds such a label by "
+                        "growing the component's output layer, on the rank that met it only, "
+                        "so the ranks would train different models. Give every label at "
+                        "initialization: leave [initialize.components.<name>.labels] out, "
+                        "so that initialization reads the whole training corpus, or write "
+                        "the labels file with `spacy init labels` from the whole training "
+                        "corpus; then train again."
+                    )
                 if summed[1] > 0:
                     other_losses = sum_losses(ctx.all_gather_json(other_losses))
                 agree_on_overflow(ctx, scalers)
