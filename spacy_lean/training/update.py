@@ -532,7 +532,10 @@ class _ListenerRelay:
         for _, listener, _, _ in self.watched:
             record: Dict[str, Any] = {}
             records.append(record)
-            listener.receive = _watching_receive(listener, record)
+            try:
+                listener.receive = _watching_receive(listener, record)
+            except AttributeError:  # a listener class with __slots__: not watched
+                pass
         try:
             update()
             for (producer_name, listener, owner, relay), record in zip(self.watched, records):
@@ -552,7 +555,7 @@ class _ListenerRelay:
                     listener._batch_id = listener._outputs = listener._backprop = None
         finally:
             for (_, listener, _, _), record in zip(self.watched, records):
-                listener.__dict__.pop("receive", None)
+                getattr(listener, "__dict__", {}).pop("receive", None)
                 record.clear()
 
     def finish(self) -> None:
