@@ -832,3 +832,21 @@ def test_resume_of_a_run_stopped_by_patience(setup, capsys, tmp_path):
     assert (out / "model-last" / "ner" / "model").read_bytes() == before
     run(setup, out, resume=True, **dict(settings, **{"training.patience": 1000}))
     assert read_training_state(out)["step"] > state["step"]
+
+
+def test_resume_with_another_seed_says_it_changes_nothing(setup, copied, capsys):
+    """A resumed run restores the saved run's random states, so a changed training.seed
+    has no effect: it was accepted without a word. Now it is said; the same seed is
+    not. A seed that is not a whole number in the state is refused."""
+    out, path, state = copied
+    assert state["seed"] == 0
+    capsys.readouterr()
+    run(setup, out, resume=True, **{"training.max_epochs": 3, "training.seed": 0})
+    assert "training.seed" not in capsys.readouterr().out
+    run(setup, out, resume=True, **{"training.max_epochs": 4, "training.seed": 7})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "This run's training.seed is 7, the saved run's 0" in text
+    state = srsly.read_json(path)
+    srsly.write_json(path, dict(state, seed="7"))
+    message = resume_fails(setup, out, capsys, **{"training.max_epochs": 5})
+    assert "seed must be a whole number or null" in message

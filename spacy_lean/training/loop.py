@@ -571,6 +571,9 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     for key in ("step", "epoch", "results", "words", "seconds", "world_size", "ranks"):
         if key not in state:
             raise TrainingStateError(f"{file_} has no '{key}': it is damaged. {STATE_FIX}")
+    seed = state.get("seed")
+    if seed is not None and type(seed) is not int:
+        fail("seed", seed, "a whole number or null (the run's training.seed)")
     step = state["step"]
     if not _is_count(step):
         fail("step", step, "a whole number >= 0 (the last step trained)")
@@ -959,6 +962,17 @@ def train(
         not_restored = restore_grad_scalers(scalers, resume.get("grad_scalers"))
         if not_restored and ctx.is_main:
             stdout.write(msg.warn(not_restored) + "\n")
+        saved_seed = resume.get("seed", T["seed"])  # states before 0.1 have none
+        if saved_seed != T["seed"] and ctx.is_main:
+            stdout.write(
+                msg.warn(
+                    f"This run's training.seed is {T['seed']}, the saved run's {saved_seed}: "
+                    "a resumed run restores the saved run's random states, so it goes on "
+                    "as that run would, and the new seed changes nothing. Train again "
+                    "without --resume (into another --output folder) to use it."
+                )
+                + "\n"
+            )
         for _ in range(step):  # the schedules (learn rate...) continue per global step
             next(dropouts)
             optimizer.step_schedules()
@@ -1042,6 +1056,7 @@ def train(
                 "params": [e.name for e in entries],
                 "losses": {name: float(value) for name, value in since_eval.items()},
                 "grad_scalers": grad_scaler_states(scalers),
+                "seed": T["seed"],
             }
             save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
 
