@@ -352,7 +352,17 @@ class _UpdateState:
     > 1) are copied to host memory, so the snapshot takes no device memory."""
 
     def __init__(self, nlp: Language):
+        self.nlp = nlp
         nodes = pipeline_nodes(nlp)
+        # A parser or ner that meets a label it was not initialized with grows: spaCy
+        # replaces its output layer by a larger node, whose new classes start unseen.
+        self.parsers = [
+            (proc, proc.moves.n_moves)
+            for _, proc in nlp.pipeline
+            if isinstance(proc, Parser)
+            and isinstance(getattr(proc, "model", None), Model)
+            and isinstance(proc.model.attrs.get("unseen_classes"), set)
+        ]
         self.thinc: List[Tuple[Model, str, Any]] = []
         for node in nodes:
             for name in node.param_names:
@@ -435,7 +445,34 @@ class _UpdateState:
                 param.grad.copy_(saved)
         for scaler, found_inf in self.scalers:
             scaler._found_inf = found_inf
+        self._keep_growth()
         self.restore_unseen()
+
+    def _keep_growth(self) -> None:
+        """A failed attempt that grew a parser's output layer (a new label) left the
+        larger layer, which the retry does not grow again: start its gradients afresh,
+        and keep its new classes unseen in the table the retry starts from."""
+        known = {id(node) for node, _, _ in self.thinc}
+        for node in pipeline_nodes(self.nlp):
+            if id(node) not in known:  # a node put in by the attempt: its gradients go
+                for name in node.param_names:
+                    node._params._grads.pop((node.id, name), None)
+        for k, (proc, n_moves) in enumerate(self.parsers):
+            grown = int(proc.moves.n_moves)
+            if grown == n_moves:
+                continue
+            table = proc.model.attrs["unseen_classes"]
+            for j, (unseen, saved) in enumerate(self.unseen):
+                if unseen is table:
+                    self.unseen[j] = (unseen, frozenset(saved | set(range(n_moves, grown))))
+            self.parsers[k] = (proc, grown)
+        # Another failure restores the new nodes as the first did: no gradients.
+        self.thinc += [
+            (node, name, _ABSENT)
+            for node in pipeline_nodes(self.nlp)
+            if id(node) not in known
+            for name in node.param_names
+        ]
 
 
 # ---------------------------------------------------------------------------------
@@ -548,6 +585,8 @@ class _ListenerRelay:
                 if zeros is None:
                     self.called[owner][-1] = None  # type: ignore[call-overload]
                     continue
+                if not zeros and not any(hasattr(out, "shape") for out in record["outputs"]):
+                    continue  # only empty docs: the producer has no outputs to pass back to
                 record["backprop"](zeros)
                 # As spacy-transformers' listener does after its backprop: let go of
                 # the micro-batch's outputs and callback.
@@ -568,13 +607,13 @@ class _ListenerRelay:
             if dropped:
                 self.policy.warn_once(
                     f"skipped-listener:{owner}",
-                    f"Splitting a batch where '{owner}', the last listener of "
-                    f"'{producer_name}', skipped the update of some micro-batches (no "
-                    f"annotation for it in them): '{producer_name}' runs its backward pass "
-                    "when that listener's gradient arrives, so the other listeners' "
-                    "gradients of those micro-batches are dropped (the whole batch kept "
-                    f"them). Put '{owner}' before the other components listening to "
-                    f"'{producer_name}' in the pipeline, or raise max_padded_tokens.",
+                    f"'{owner}', the last listener of '{producer_name}', skipped the "
+                    "update of some (micro-)batches (no annotation for it in them), or its "
+                    f"gradient could not be relayed: '{producer_name}' runs its backward "
+                    "pass when that listener's gradient arrives, so the other listeners' "
+                    "gradients of those batches are dropped. Put "
+                    f"'{owner}' before the other components listening to "
+                    f"'{producer_name}' in the pipeline.",
                 )
 
 
@@ -594,25 +633,38 @@ def _watching_receive(listener: Model, record: Dict[str, Any]) -> Callable[..., 
 
 def _zero_gradient(outputs: Any, xp: Any) -> Optional[List[Any]]:
     """A zero gradient for a listener's outputs, shaped as its component's backward
-    pass gives it: an array per doc (tok2vec), or per doc a TransformerData holding
-    only `last_hidden_state` (spacy-transformers' pooling). None if unknown."""
+    pass gives it: an array per doc (tok2vec), or per non-empty doc a TransformerData
+    holding only `last_hidden_state` (spacy-transformers' pooling). None if unknown."""
     zeros: List[Any] = []
     for out in outputs:
         if hasattr(out, "shape"):
             zeros.append(xp.zeros_like(out))
             continue
         model_output = getattr(out, "model_output", None)
+        if model_output is None or not hasattr(out, "align"):
+            return None
         hidden = getattr(model_output, "last_hidden_state", None)
         if hidden is None:
-            return None
-        zeros.append(
-            type(out)(
-                wordpieces=out.wordpieces,
-                model_output=type(model_output)(last_hidden_state=xp.zeros_like(hidden)),
-                align=out.align,
-            )
-        )
+            # An empty doc has no outputs: spacy-transformers' pooling leaves its
+            # gradient out of the list, and so does this.
+            continue
+        grad = type(model_output)(last_hidden_state=xp.zeros_like(hidden))
+        zeros.append(type(out)(wordpieces=out.wordpieces, model_output=grad, align=out.align))
     return zeros
+
+
+def _add_new_labels(nlp: Language, examples: List[Example], exclude: Iterable[str]) -> None:
+    """Add the labels of `examples` that the parsers and ners of the pipeline do not
+    have yet, as their update would (spaCy's `_ensure_labels_are_added`)."""
+    excluded = set(exclude)
+    docs = None
+    for name, proc in nlp.pipeline:
+        ensure = getattr(proc, "_ensure_labels_are_added", None)
+        if name in excluded or not isinstance(proc, Parser) or not callable(ensure):
+            continue
+        if docs is None:
+            docs = [eg.x for eg in examples] + [eg.y for eg in examples]
+        ensure(docs)
 
 
 def _beam_width(proc: Any) -> int:
@@ -689,8 +741,13 @@ def lean_update(
             "gradient_checkpointing is on but no Hugging Face model in the pipeline "
             "supports it (or none is loaded yet); training without it.",
         )
+    examples = list(examples)
+    # A parser or ner meeting a label it was not initialized with grows its output
+    # layer at the start of its update: grown here, for the whole batch, it grows once
+    # before any micro-batch (and before a failed attempt), as in the whole batch.
+    _add_new_labels(nlp, examples, exclude)
     if policy.exact_parser_gradient:
-        install_exact_parser_gradient(nlp)
+        install_exact_parser_gradient(nlp)  # again after a growth: a new layer
     # Mixed precision: the torch models' gradients of several backward passes (span
     # groups, micro-batches, accumulate_gradient) add up, as without it.
     install_mixed_precision_accumulation(nlp)
@@ -827,6 +884,7 @@ def _update_groups(
     if len(groups) == 1:
         progress["group"] = groups[0]
         relay.update(lambda: update(nlp, examples, sgd=False, losses=losses, **kwargs))
+        relay.finish()
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
     unseen = state.unseen_merge()
