@@ -71,7 +71,7 @@ def test_output_equals_spacy_evaluate(model_dir, ner_corpus, tmp_path):
     out = tmp_path / "scores.json"
     result = lean_evaluate(model_dir, ner_corpus["dev"], "--output", out, "--no-progress")
     assert result.exit_code == 0, result.output
-    assert "NER F" in result.output and "docs/s" in result.output
+    assert "NER F" in result.output and "examples/s" in result.output
     # The budget used is printed: the transformer's max_batch_items (4096) by default.
     assert "batches of at most 4,096 padded tokens" in result.output
     theirs = spacy_evaluate(str(model_dir), ner_corpus["dev"])
@@ -184,6 +184,8 @@ def test_jsonl_data(model_dir, shard_dir, tmp_path):
 def test_bad_input_gives_a_message_not_a_traceback(model_dir, tmp_path):
     missing = lean_evaluate(model_dir, tmp_path / "nope.spacy", "--no-progress")
     assert missing.exit_code == 1 and "not found" in missing.output
+    assert "nope.spacy' does not exist" in " ".join(missing.output.split())
+    assert "training config" not in missing.output  # (it named [paths.train])
     assert "Traceback" not in missing.output
 
     empty = tmp_path / "empty.spacy"

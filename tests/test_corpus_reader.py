@@ -89,6 +89,11 @@ def test_devices_in_a_corpus_are_refused(tmp_path):
     assert str(tmp_path / "b.jsonl") in str(info.value)
     with pytest.raises(ValueError, match="not a regular file or a folder"):
         list_shards(tmp_path / "b.jsonl")
+    # A link to nothing is said to be one (it was called a device, pipe or socket).
+    (tmp_path / "b.jsonl").unlink()
+    (tmp_path / "c.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    with pytest.raises(ValueError, match=r"c\.jsonl', a symbolic link to .*gone\.jsonl"):
+        list_shards(tmp_path)
 
 
 def test_a_jsonl_line_longer_than_the_limit_is_refused(nlp, tmp_path, monkeypatch):

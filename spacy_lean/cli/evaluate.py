@@ -191,6 +191,12 @@ def evaluate_streaming_cli(
         msg.fail(f"Unknown --backend {backend!r}: use one of {', '.join(BACKENDS)}.", exits=1)
     if backend == "ray" and workers == 1:
         msg.info("--backend ray with --workers 1: one Ray actor")
+    if not Path(data_path).exists():  # list_shards' message names a training config too
+        msg.fail(
+            "Evaluation data not found",
+            f"'{data_path}' does not exist. Give a .spacy or .jsonl file, or a folder of them.",
+            exits=1,
+        )
     try:
         shards = list_shards(data_path)
     except (FileNotFoundError, ValueError) as e:
@@ -318,12 +324,12 @@ def evaluate_streaming_cli(
     elif before:
         rate = (n_examples - before) / max(elapsed, 1e-9)
         msg.good(
-            f"Evaluated {n_examples - before} examples in {elapsed:.1f}s ({rate:.1f} docs/s); "
+            f"Evaluated {n_examples - before} examples in {elapsed:.1f}s ({rate:.1f} examples/s); "
             f"{before} more before, from {checkpoint}"
         )
     else:
         rate = n_examples / max(elapsed, 1e-9)
-        msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} docs/s)")
+        msg.good(f"Evaluated {n_examples} examples in {elapsed:.1f}s ({rate:.1f} examples/s)")
     if empty_docs:
         msg.info(
             f"Skipped {empty_docs} empty doc(s) (no tokens) in {data_path}, as `spacy "

@@ -86,6 +86,12 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
             for s in FORMATS:
                 if name.endswith(s):
                     file_ = Path(root) / name
+                    if file_.is_symlink() and not file_.exists():
+                        raise ValueError(
+                            f"Corpus folder '{path}' holds '{file_}', a symbolic link to "
+                            f"'{os.readlink(file_)}', which does not exist. Remove the link, "
+                            "or restore the file it points to."
+                        )
                     if not file_.is_file():
                         raise ValueError(
                             f"Corpus folder '{path}' holds '{file_}', which is not a regular "
