@@ -8,6 +8,7 @@ state is kept only when it finished, and a unit whose worker died is run again.
 """
 
 import os
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,17 +138,20 @@ def evaluate_unit(
 
     nlp = _load_worker_pipeline(settings, gpu_id if gpu_id is not None else _WORKER.get("gpu_id"))
     oom_events: List[Tuple[int, int]] = []
-    evaluator = StreamingEvaluator(
-        nlp,
-        batch_size=settings.batch_size,
-        window_size=settings.window_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        trim_slack_mb=settings.trim_slack_mb,
-        per_component=settings.per_component,
-        scorer_cfg=settings.scorer_cfg,
-        on_oom=lambda failed, new: oom_events.append((failed, new)),
-        copy_examples=False,  # read here, seen by no one else
-    )
+    with warnings.catch_warnings():
+        # The driver made the same score state and said it once: not once per unit.
+        warnings.filterwarnings("ignore", message="spacy-lean: the scorer of component")
+        evaluator = StreamingEvaluator(
+            nlp,
+            batch_size=settings.batch_size,
+            window_size=settings.window_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            trim_slack_mb=settings.trim_slack_mb,
+            per_component=settings.per_component,
+            scorer_cfg=settings.scorer_cfg,
+            on_oom=lambda failed, new: oom_events.append((failed, new)),
+            copy_examples=False,  # read here, seen by no one else
+        )
     counts: Dict[str, int] = {}
     examples = read_examples(
         nlp, [unit.shard], gold_preproc=settings.gold_preproc, part=unit.part, counts=counts

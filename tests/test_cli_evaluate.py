@@ -4,6 +4,7 @@ input, checkpoints and out-of-memory back-off, run through the real CLI app."""
 import json
 import math
 import signal
+import warnings
 
 import numpy
 import pytest
@@ -522,3 +523,24 @@ def test_a_pipeline_without_files_is_fingerprinted_by_its_exact_config_and_meta(
 
     assert blank(0.123456789012) == blank(0.123456789012)
     assert blank(0.123456789012) != blank(0.123456789013)
+
+
+def test_a_unit_does_not_repeat_the_drivers_warning(shard_dir, tmp_path):
+    """With --workers 2 the "no mergeable twin" warning came once from the driver and
+    again from every unit (4 times for 3 shards): the units keep quiet about it."""
+    from spacy_lean.distributed import WorkerSettings, _WORKER, evaluate_unit, make_units
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("test_cli_custom_scored")
+    nlp.to_disk(tmp_path / "model")
+    settings = WorkerSettings(model=str(tmp_path / "model"))
+    unit = make_units([shard_dir / "a.spacy"], 1)[0]
+    _WORKER.clear()
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            result = evaluate_unit(unit, settings)
+    finally:
+        _WORKER.clear()
+    assert result.n_examples > 0
+    assert not [w for w in record if "no mergeable twin" in str(w.message)]
