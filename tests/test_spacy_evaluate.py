@@ -403,3 +403,11 @@ def test_corrupt_shard_is_a_message_not_a_traceback(models, shard_dir, tmp_path)
     assert not isinstance(result.exception, ValueError)  # a clean exit, not an error
     stock = runner.invoke(app, ["evaluate", models["plain"], str(data)])
     assert isinstance(stock.exception, ValueError)  # spaCy's E1014, as before
+    # A link to nothing in the folder: named as one, with what to do (it gave the OS's
+    # "No such file or directory" only).
+    (data / "c.spacy").unlink()
+    (data / "d.spacy").symlink_to(tmp_path / "gone.spacy")
+    result = runner.invoke(app, ["evaluate", models["streaming"], str(data)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Could not read the evaluation data" in text, text
+    assert "d.spacy', a symbolic link to" in text and "Remove the link" in text

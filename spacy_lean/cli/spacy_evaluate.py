@@ -32,6 +32,7 @@ from spacy.training import Corpus, Example
 from spacy.training.corpus import FILE_TYPE, walk_corpus
 
 from ..corpus import CorruptShardError, read_examples
+from ..corpus.sources import check_regular_file
 from ..streaming import is_streaming
 
 # `spacy.cli.evaluate` the attribute is the function; the module is in sys.modules.
@@ -66,6 +67,11 @@ class StreamingDevCorpus:
     def _stream(self, nlp: Language) -> Iterator[Example]:
         # The same files, in the same order, as spaCy's Corpus reads (W090 if none).
         files = walk_corpus(self.path, FILE_TYPE)
+        for file_ in files:
+            try:
+                check_regular_file(Path(file_), self.path)
+            except ValueError as err:  # said as an unreadable data file is
+                raise CorruptShardError(str(err)) from None
         examples = read_examples(nlp, files, gold_preproc=self.gold_preproc)
         kept = list(itertools.islice(examples, self.keep))
         _evaluate_rest_next(nlp, kept, examples)

@@ -37,6 +37,23 @@ class MixedFormatsError(ValueError):
     """A corpus folder holds both .spacy and .jsonl files (which to read is a choice)."""
 
 
+def check_regular_file(file_: Path, folder: Union[str, Path]) -> None:
+    """Refuse a corpus file of `folder` that is not a regular file: a symbolic link to
+    nothing, or a device, pipe or socket (a link to /dev/zero was read as one endless
+    line). RAISES ValueError naming the file and the fix."""
+    if file_.is_symlink() and not file_.exists():
+        raise ValueError(
+            f"Corpus folder '{folder}' holds '{file_}', a symbolic link to "
+            f"'{os.readlink(file_)}', which does not exist. Remove the link, or restore the "
+            "file it points to."
+        )
+    if not file_.is_file():
+        raise ValueError(
+            f"Corpus folder '{folder}' holds '{file_}', which is not a regular file (a "
+            "device, pipe or socket, or a link to one). Remove it."
+        )
+
+
 def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Path]:
     """The corpus files at `path`, in the order spaCy reads them: `path` itself when
     it is a file, else every file below it (recursively, skipping names that start
@@ -86,17 +103,7 @@ def list_shards(path: Union[str, Path], suffix: Optional[str] = None) -> List[Pa
             for s in FORMATS:
                 if name.endswith(s):
                     file_ = Path(root) / name
-                    if file_.is_symlink() and not file_.exists():
-                        raise ValueError(
-                            f"Corpus folder '{path}' holds '{file_}', a symbolic link to "
-                            f"'{os.readlink(file_)}', which does not exist. Remove the link, "
-                            "or restore the file it points to."
-                        )
-                    if not file_.is_file():
-                        raise ValueError(
-                            f"Corpus folder '{path}' holds '{file_}', which is not a regular "
-                            "file (a device, pipe or socket, or a link to one). Remove it."
-                        )
+                    check_regular_file(file_, path)
                     found[s].append(file_)
     if suffix is None:
         present = [s for s in FORMATS if found[s]]
