@@ -708,23 +708,20 @@ class LabelsGrewError(ValueError):
     did not have: it grew its output layer on one rank only."""
 
 
-def _label_counts(nlp: Language, frozen: Iterable[str]) -> Dict[str, int]:
-    """The number of transitions of each trained parser and ner: it grows when the
-    component meets a label in training that it was not initialized with (spaCy then
-    replaces its output layer by a larger one)."""
+def _parser_labels(nlp: Language, frozen: Iterable[str]) -> Dict[str, List[str]]:
+    """The labels of each trained parser and ner. A label met in training that the
+    component was not initialized with grows it: spaCy replaces its output layer by a
+    larger one."""
     return {
-        name: int(proc.moves.n_moves)
+        name: list(proc.labels)
         for name, proc in nlp.pipeline
         if name not in frozen and isinstance(proc, Parser)
     }
 
 
 def _new_labels(nlp: Language, before: Dict[str, List[str]]) -> Dict[str, List[str]]:
-    return {
-        name: sorted(set(nlp.get_pipe(name).labels) - set(labels))
-        for name, labels in before.items()
-        if set(nlp.get_pipe(name).labels) - set(labels)
-    }
+    new = {name: sorted(set(nlp.get_pipe(name).labels) - set(old)) for name, old in before.items()}
+    return {name: labels for name, labels in new.items() if labels}
 
 
 class NothingToTrainError(ValueError):
@@ -913,8 +910,7 @@ def train(
 
     entries = collect_params(nlp, exclude=frozen)
     reducer = GradientReducer(ctx, entries)
-    label_counts = _label_counts(nlp, frozen)
-    labels_before = {name: list(nlp.get_pipe(name).labels) for name in label_counts}
+    labels_before = _parser_labels(nlp, frozen)
     reducer.check_same_params()
     reducer.broadcast_values(0)  # identical start, whatever each rank's init did
     loss_names = list(nlp.pipe_names)
@@ -1180,13 +1176,13 @@ def train(
                 # A parser or ner that met a new label replaced its output layer: the
                 # parameter list must be collected again (one process), or the ranks
                 # would hold different layers (several: refused).
-                grew = _label_counts(nlp, frozen) != label_counts
+                grew = bool(_new_labels(nlp, labels_before))
                 extras.append(1.0 if grew else 0.0)
                 extras.append(1.0 if stop.requested else 0.0)  # last: ranks asked to stop
                 if grew and not ctx.active:
                     entries = collect_params(nlp, exclude=frozen)
                     reducer = GradientReducer(ctx, entries)
-                    label_counts = _label_counts(nlp, frozen)
+                    labels_before = _parser_labels(nlp, frozen)
                 summed = reducer.reduce(extras)
                 if ctx.active and summed[-2] > 0:
                     new = {}

@@ -301,38 +301,6 @@ _ABSENT = "absent"
 _ZERO = "zero"
 
 
-class _UnseenMerge:
-    """Leave each parser's unseen-class table as the whole batch would: a class is
-    unseen afterwards if it was unseen before the batch or added during it (a label
-    first seen in this batch grows the output layer, whose new classes start unseen),
-    and no micro-batch saw it. Each micro-batch starts from the table before the batch
-    plus the classes added (and not seen) by the micro-batches before it."""
-
-    def __init__(self, unseen: List[Tuple[Set[int], frozenset]]):
-        self.tables = [table for table, _ in unseen]
-        self.start = [set(saved) for _, saved in unseen]
-        self.base = [set(saved) for _, saved in unseen]
-        self.added: List[Set[int]] = [set() for _ in unseen]
-        self.seen: List[Set[int]] = [set() for _ in unseen]
-
-    def before(self) -> None:
-        for table, base in zip(self.tables, self.base):
-            table.clear()
-            table.update(base)
-
-    def after(self) -> None:
-        for k, table in enumerate(self.tables):
-            added = table - self.base[k]
-            self.seen[k] |= self.base[k] - table
-            self.added[k] |= added
-            self.base[k] |= added
-
-    def finish(self) -> None:
-        for k, table in enumerate(self.tables):
-            table.clear()
-            table.update((self.start[k] | self.added[k]) - self.seen[k])
-
-
 def _torch_modules(nodes: Iterable[Model]) -> List[Any]:
     modules: List[Any] = []
     seen: Set[int] = set()
@@ -352,17 +320,7 @@ class _UpdateState:
     > 1) are copied to host memory, so the snapshot takes no device memory."""
 
     def __init__(self, nlp: Language):
-        self.nlp = nlp
         nodes = pipeline_nodes(nlp)
-        # A parser or ner that meets a label it was not initialized with grows: spaCy
-        # replaces its output layer by a larger node, whose new classes start unseen.
-        self.parsers = [
-            (proc, proc.moves.n_moves)
-            for _, proc in nlp.pipeline
-            if isinstance(proc, Parser)
-            and isinstance(getattr(proc, "model", None), Model)
-            and isinstance(proc.model.attrs.get("unseen_classes"), set)
-        ]
         self.thinc: List[Tuple[Model, str, Any]] = []
         for node in nodes:
             for name in node.param_names:
@@ -410,8 +368,19 @@ class _UpdateState:
             table.clear()
             table.update(saved)
 
-    def unseen_merge(self) -> "_UnseenMerge":
-        return _UnseenMerge(self.unseen)
+    def read_unseen(self) -> List[frozenset]:
+        return [frozenset(table) for table, _ in self.unseen]
+
+    def merge_unseen(self, after: List[List[frozenset]]) -> None:
+        """Leave each table as the whole batch would have: a class stays unseen only
+        if no micro-batch saw it. (A label new to the pipeline grows its parser before
+        the snapshot, see `_add_new_labels`, so its classes are in the saved table.)"""
+        for k, (table, saved) in enumerate(self.unseen):
+            merged = set(saved)
+            for tables in after:
+                merged &= tables[k]
+            table.clear()
+            table.update(merged)
 
     def release_listeners(self) -> None:
         for listener in self.listeners:
@@ -445,34 +414,7 @@ class _UpdateState:
                 param.grad.copy_(saved)
         for scaler, found_inf in self.scalers:
             scaler._found_inf = found_inf
-        self._keep_growth()
         self.restore_unseen()
-
-    def _keep_growth(self) -> None:
-        """A failed attempt that grew a parser's output layer (a new label) left the
-        larger layer, which the retry does not grow again: start its gradients afresh,
-        and keep its new classes unseen in the table the retry starts from."""
-        known = {id(node) for node, _, _ in self.thinc}
-        for node in pipeline_nodes(self.nlp):
-            if id(node) not in known:  # a node put in by the attempt: its gradients go
-                for name in node.param_names:
-                    node._params._grads.pop((node.id, name), None)
-        for k, (proc, n_moves) in enumerate(self.parsers):
-            grown = int(proc.moves.n_moves)
-            if grown == n_moves:
-                continue
-            table = proc.model.attrs["unseen_classes"]
-            for j, (unseen, saved) in enumerate(self.unseen):
-                if unseen is table:
-                    self.unseen[j] = (unseen, frozenset(saved | set(range(n_moves, grown))))
-            self.parsers[k] = (proc, grown)
-        # Another failure restores the new nodes as the first did: no gradients.
-        self.thinc += [
-            (node, name, _ABSENT)
-            for node in pipeline_nodes(self.nlp)
-            if id(node) not in known
-            for name in node.param_names
-        ]
 
 
 # ---------------------------------------------------------------------------------
@@ -741,7 +683,6 @@ def lean_update(
             "gradient_checkpointing is on but no Hugging Face model in the pipeline "
             "supports it (or none is loaded yet); training without it.",
         )
-    examples = list(examples)
     # A parser or ner meeting a label it was not initialized with grows its output
     # layer at the start of its update: grown here, for the whole batch, it grows once
     # before any micro-batch (and before a failed attempt), as in the whole batch.
@@ -887,17 +828,17 @@ def _update_groups(
         relay.finish()
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
-    unseen = state.unseen_merge()
+    unseen_after = []
     n = len(examples)
     for group in groups:
         part_losses: Dict[str, float] = {}
-        unseen.before()
+        state.restore_unseen()
         progress["group"] = group
         part = [examples[i] for i in group]
         relay.update(lambda: update(nlp, part, sgd=False, losses=part_losses, **kwargs))
-        unseen.after()
+        unseen_after.append(state.read_unseen())
         for key, value in part_losses.items():
             weight = len(group) / n if reductions.get(key) == "mean" else 1.0
             losses[key] = losses.get(key, 0.0) + weight * value
-    unseen.finish()
+    state.merge_unseen(unseen_after)
     relay.finish()
