@@ -355,6 +355,29 @@ def test_cli_says_a_stop_and_exits_143(text_file, tmp_path, monkeypatch):
     assert torch.load(out / STATE_FILE, weights_only=True)["step"] == 7
 
 
+def test_a_resume_with_nothing_left_to_train_says_how_to_go_on(text_file, tmp_path):
+    """The limits count from the start of training: a run of 2 epochs stopped at step
+    120, resumed with the default of one epoch, trained nothing and returned the
+    checkpoint silently (the GPU test met it on the H100). Now refused, with the fix;
+    with the fix, it goes on."""
+    kwargs = {**TINY, "gpu_id": -1}
+    first = train_charlm([text_file], tmp_path, max_steps=120, max_epochs=2, **kwargs)
+    assert first.step == 120
+    state = (tmp_path / STATE_FILE).read_bytes()
+    with pytest.raises(ValueError) as err:
+        train_charlm([text_file], tmp_path, max_steps=130, resume=True, **kwargs)
+    message = " ".join(str(err.value).split())
+    assert f"{tmp_path} is at step 120 after 1 full pass(es)" in message
+    assert "max_epochs (--max-epochs) is 1" in message and "--max-epochs 2 or more" in message
+    with pytest.raises(ValueError, match=r"max_steps \(--max-steps\) is 120: .*--max-steps 240"):
+        train_charlm([text_file], tmp_path, max_steps=120, max_epochs=2, resume=True, **kwargs)
+    assert (tmp_path / STATE_FILE).read_bytes() == state  # nothing written by a refusal
+    resumed = train_charlm(
+        [text_file], tmp_path, max_steps=130, max_epochs=2, resume=True, **kwargs
+    )
+    assert resumed.step == 130
+
+
 @pytest.mark.gpu
 def test_trains_on_gpu_and_checkpoint_loads_on_cpu(text_file, tmp_path):
     kwargs = {**TINY, "gpu_id": 0}
@@ -365,7 +388,9 @@ def test_trains_on_gpu_and_checkpoint_loads_on_cpu(text_file, tmp_path):
     assert result.losses[-1][1] < 0.8 * result.losses[0][1]
     loaded = CharLM.load(tmp_path / MODEL_FILE, map_location="cpu")
     assert _same_weights(loaded, result.model.cpu())
-    resumed = train_charlm([text_file], tmp_path, max_steps=130, resume=True, **kwargs)
+    resumed = train_charlm(
+        [text_file], tmp_path, max_steps=130, max_epochs=2, resume=True, **kwargs
+    )
     assert resumed.step == 130
 
 

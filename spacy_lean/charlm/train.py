@@ -272,6 +272,8 @@ def train_charlm(
             dev_texts=dev_texts,
             progress=progress,
         )
+        if resume:
+            trainer.check_work_left(max_epochs, max_steps)
         return trainer.run(
             max_epochs=max_epochs,
             max_steps=max_steps,
@@ -480,6 +482,26 @@ class _Trainer:
         if state["hidden"] is not None:
             rows = self.loader.rows()
             self.hidden = tuple(h[:, rows].contiguous().to(self.device) for h in state["hidden"])
+
+    def check_work_left(self, max_epochs: int, max_steps: Optional[int]) -> None:
+        """A resumed run with nothing left to train is refused, saying how to go on (it
+        returned the checkpoint unchanged, silently: a resume with the default of one
+        epoch after a run of two trained nothing)."""
+        where = f"The checkpoint in {self.output_dir} is at step {self.step:,}"
+        if max_steps is not None and self.step >= max_steps:
+            raise ValueError(
+                f"{where}, and this run's max_steps (--max-steps) is {max_steps:,}: nothing "
+                f"is left to train. Pass a larger one (e.g. --max-steps {2 * self.step:,}) "
+                "to go on."
+            )
+        epochs = self.loader.epoch
+        if epochs >= max_epochs:
+            raise ValueError(
+                f"{where} after {epochs} full pass(es) over the text, and this run's "
+                f"max_epochs (--max-epochs) is {max_epochs}: nothing is left to train (the "
+                f"limits count from the start of training, not from the resume). Pass "
+                f"--max-epochs {epochs + 1} or more to go on."
+            )
 
     def run(
         self,
