@@ -154,7 +154,9 @@ def mixed_precision_on_the_cpu():
         scale = self._scale.to(tensor.device)
         return tensor.mul_(scale) if inplace else tensor * scale
 
-    with mock.patch.object(PyTorchGradScaler, "_scale_tensor", scale_tensor):
+    # ... and lean_update's refusal of mixed precision off the GPU lets it through too.
+    no_check = mock.patch("spacy_lean.training.update.check_mixed_precision_device")
+    with mock.patch.object(PyTorchGradScaler, "_scale_tensor", scale_tensor), no_check:
         with warnings.catch_warnings():
             # torch.autocast("cuda") without CUDA: it says it is disabled
             warnings.filterwarnings("ignore", message=".*CUDA is not available.*")

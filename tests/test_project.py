@@ -173,6 +173,30 @@ def test_train_command_uses_gpu_id_and_lean_paths():
     assert "spacy evaluate" in evaluate and "spacy lean evaluate" in evaluate
 
 
+def test_mixed_precision_without_a_gpu_is_refused_before_training():
+    """`--vars.mixed_precision true` on the CPU initialised the whole pipeline and then
+    failed at the first update in thinc's gradient scaler, naming neither the var nor the
+    fix. The training steps check it first."""
+    for name, var in (("train", "gpu_id"), ("train-ddp", "gpu_ids")):
+        first = COMMANDS[name]["script"][0]
+        assert first.startswith("python scripts/check_device.py")
+        assert "--mixed-precision ${vars.mixed_precision}" in first
+        assert f"--gpu-ids ${{vars.{var}}}" in first
+    code, out = _invoke("check_device", ["--mixed-precision", "true", "--gpu-ids", "-1"])
+    assert code == 1
+    assert "--vars.gpu_id is -1" in flat(out) and "Pass --vars.gpu_id 0" in flat(out)
+    args = ["--mixed-precision", "true", "--gpu-ids", "-1", "--var", "gpu_ids"]
+    code, out = _invoke("check_device", args)
+    assert code == 1 and "Pass --vars.gpu_ids 0,1" in flat(out)
+    for flag, ids in (("true", "0"), ("true", "-1,1"), ("false", "-1"), ("False", "-1")):
+        code, out = _invoke("check_device", ["--mixed-precision", flag, "--gpu-ids", ids])
+        assert code == 0, (flag, ids, out)
+    code, out = _invoke("check_device", ["--mixed-precision", "yes", "--gpu-ids", "0"])
+    assert code == 1 and "must be true or false, got 'yes'" in flat(out)
+    code, out = _invoke("check_device", ["--mixed-precision", "true", "--gpu-ids", "a"])
+    assert code == 1 and "got 'a'" in flat(out)
+
+
 # Vars whose values are paths, or names that paths are made of.
 PATH_VARS = ("dataset", "transformer", "flair_python", "config", "charlm_config")
 

@@ -49,6 +49,38 @@ def _prescale_accumulated(shim: Any) -> None:
         grad.mul_(scales[device])
 
 
+def check_mixed_precision_device(nlp: Language) -> None:
+    """Mixed precision trains on a CUDA GPU only: thinc's grad scaler refuses tensors
+    elsewhere, but only at the first backward pass, after the pipeline was initialised,
+    with a message that names neither the component nor the setting (on a CPU-only
+    torch: "Gradient scaling is not supported, requires capable GPU"). Refused before
+    the first update instead, naming both and the fix. Prediction is not affected (its
+    autocast is off without CUDA).
+
+    RAISES ValueError: a trainable component's torch model has an enabled grad scaler
+        and is not on a CUDA device.
+    """
+    for name, proc in nlp.pipeline:
+        model = getattr(proc, "model", None)
+        if not isinstance(model, Model):
+            continue
+        for node in model.walk():
+            for shim in node.shims:
+                if enabled_grad_scaler(shim) is None:
+                    continue
+                param = next(shim._model.parameters(), None)
+                if param is not None and not param.is_cuda:
+                    raise ValueError(
+                        f"'{name}' trains with mixed precision (mixed_precision = true in "
+                        "its model's config), which runs on a CUDA GPU only, but its "
+                        f"torch model is on the {param.device.type.upper()}: thinc's "
+                        "gradient scaler would fail at the first update. Train on a GPU "
+                        "(--gpu-id 0; in the project --vars.gpu_id 0), or set "
+                        f"components.{name}.model.mixed_precision = false (in the "
+                        "project: --vars.mixed_precision false)."
+                    )
+
+
 def _accumulating_forward(model: Model, X: Any, is_train: bool) -> Tuple[Any, Callable]:
     Y, backprop = _THINC_FORWARD(model, X, is_train)
 

@@ -63,7 +63,7 @@ from ..streaming import cuda_oom_errors
 from ..trf_align import fast_alignment
 from ..trf_batching import sorted_span_groups
 from ._nodes import enabled_grad_scalers, pipeline_nodes
-from .grad_scaling import install_mixed_precision_accumulation
+from .grad_scaling import check_mixed_precision_device, install_mixed_precision_accumulation
 from .parser_grad import install_exact_parser_gradient
 
 # Components whose update was checked: the gradient is a sum over the batch, the loss
@@ -148,6 +148,7 @@ class UpdatePolicy:
     _get_length: Optional[Callable[[Example], int]] = field(default=None, repr=False, compare=False)
     _warned: Set[str] = field(default_factory=set, repr=False, compare=False)
     _trimmer: Optional[HeapTrimmer] = field(default=None, repr=False, compare=False)
+    _devices_checked: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         ceiling = self.max_padded_tokens
@@ -692,6 +693,9 @@ def lean_update(
     # Mixed precision: the torch models' gradients of several backward passes (span
     # groups, micro-batches, accumulate_gradient) add up, as without it.
     install_mixed_precision_accumulation(nlp)
+    if not policy._devices_checked:
+        check_mixed_precision_device(nlp)
+        policy._devices_checked = True
     if not examples:
         return losses
     lengths = [policy.length(eg) for eg in examples]
