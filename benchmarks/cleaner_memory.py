@@ -291,6 +291,11 @@ def main():
                 f"# {mode}: "
                 + ", ".join(
                     f"{r['n_docs']} docs -> +{r['peak_rss_growth_kb'] / 1024:.1f} MB peak RSS"
+                    + (
+                        f", {r['gpu_kept_kb'] / 1024:.1f} MB kept on the GPU"
+                        if "gpu_kept_kb" in r
+                        else ""
+                    )
                     for r in rows[mode]
                 ),
                 file=sys.stderr,
