@@ -368,7 +368,7 @@ def test_a_resume_with_nothing_left_to_train_says_how_to_go_on(text_file, tmp_pa
         train_charlm([text_file], tmp_path, max_steps=130, resume=True, **kwargs)
     message = " ".join(str(err.value).split())
     assert f"{tmp_path} is at step 120 after 1 full pass(es)" in message
-    assert "max_epochs (--max-epochs) is 1" in message and "--max-epochs 2 or more" in message
+    assert "max_epochs (--epochs) is 1" in message and "--epochs 2 or more" in message
     with pytest.raises(ValueError, match=r"max_steps \(--max-steps\) is 120: .*--max-steps 240"):
         train_charlm([text_file], tmp_path, max_steps=120, max_epochs=2, resume=True, **kwargs)
     assert (tmp_path / STATE_FILE).read_bytes() == state  # nothing written by a refusal

@@ -498,9 +498,9 @@ class _Trainer:
         if epochs >= max_epochs:
             raise ValueError(
                 f"{where} after {epochs} full pass(es) over the text, and this run's "
-                f"max_epochs (--max-epochs) is {max_epochs}: nothing is left to train (the "
+                f"max_epochs (--epochs) is {max_epochs}: nothing is left to train (the "
                 f"limits count from the start of training, not from the resume). Pass "
-                f"--max-epochs {epochs + 1} or more to go on."
+                f"--epochs {epochs + 1} or more to go on."
             )
 
     def run(
