@@ -27,6 +27,7 @@ import numpy
 import pytest
 import spacy
 from spacy.language import Language
+from spacy.tokens import Span
 from spacy.training import Example
 from spacy.util import fix_random_seed
 from thinc.api import Adam, Config
@@ -375,6 +376,9 @@ def test_mixed_precision_off_the_gpu_is_refused_before_the_first_update(pipeline
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
         assert len(list(nlp.pipe(eg.text for eg in batches[0]))) == len(batches[0])
+        # Frozen (excluded), the transformer's backward pass never runs: trains as stock.
+        losses = lean_update(nlp, batches[0], exclude=["transformer"], annotates=["transformer"])
+    assert losses["ner"] > 0
 
 
 def test_mixed_precision_micro_batches_give_the_whole_batch_update(
@@ -1017,12 +1021,18 @@ def test_a_split_keeps_the_gradients_of_a_skipped_last_listener_on_the_gpu(
         require_cpu()
 
 
+class _OtherPackagesTagger(spacy.pipeline.Tagger):
+    """A tagger as another package would subclass it: the relay does not know when it
+    calls its listener's callback (`_relays_zeros`)."""
+
+
 def test_a_split_where_another_last_listener_skips_says_so(tiny_transformer):
-    """A component the relay does not know (here a tagger made to skip micro-batches
-    without a tag) that skips some micro-batches as the last listener: the other
+    """A component the relay does not know (here another package's tagger, made to
+    skip micro-batches) that skips some micro-batches as the last listener: the other
     listeners' gradients of those micro-batches are dropped, and the split says so."""
     nlp, examples = _partly_annotated_pipeline("tok2vec", ("ner", "tagger"), tiny_transformer)
     tagger = nlp.get_pipe("tagger")
+    tagger.__class__ = _OtherPackagesTagger
     update = tagger.update
 
     def skipping_update(batch, **kwargs):
@@ -1038,6 +1048,75 @@ def test_a_split_where_another_last_listener_skips_says_so(tiny_transformer):
         lean_update(nlp, examples, policy=UpdatePolicy(max_padded_tokens=longest))
     said = [str(w.message) for w in record if "skipped the update" in str(w.message)]
     assert len(said) == 1 and "Put 'tagger' before" in said[0], said
+
+
+def _spancat_last_pipeline():
+    """tok2vec shared by a tagger and a spancat, the spancat last and suggesting only
+    3-grams: a doc of 2 tokens gives it no span, and it skips an update of such docs
+    before its model runs. 4 docs of 6-12 tokens with a span each, 4 of 2 tokens; all
+    tagged. One optimizer step taken (the softmax layers start at zero)."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    suggester = {"@misc": "spacy.ngram_suggester.v1", "sizes": [3]}
+    spancat_model = {
+        "@architectures": "spacy.SpanCategorizer.v1",
+        "tok2vec": listener,
+        "reducer": {"@layers": "spacy.mean_max_reducer.v1", "hidden_size": 32},
+        "scorer": {"@layers": "spacy.LinearLogistic.v1"},
+    }
+    nlp.add_pipe("spancat", config={"suggester": suggester, "model": spancat_model})
+    texts = [
+        "Ada Lovelace met Charles Babbage in London yesterday .",
+        "The old bridge over the river Thames was closed .",
+        "Grace Hopper wrote the first compiler .",
+        "They walked north along the coast for days .",
+        "Hello there",
+        "Thanks !",
+        "See you",
+        "Good night",
+    ]
+    examples = []
+    for text in texts:
+        doc = nlp.make_doc(text)
+        tags = ["N" if t.is_alpha else "P" for t in doc]
+        ref = Example.from_dict(doc, {"tags": tags}).reference
+        ref.spans["sc"] = [Span(ref, 0, 3, label="THING")] if len(doc) > 3 else []
+        examples.append(Example(nlp.make_doc(text), ref))
+    fix_random_seed(0)
+    optimizer = nlp.initialize(lambda: examples)
+    nlp.update(examples, sgd=optimizer)
+    return nlp, examples
+
+
+def test_shares_a_spancat_last_listener_skips_add_up_to_the_whole_batch():
+    """A data-parallel rank's share (or a micro-batch) of only docs too short for the
+    spancat's suggester: the spancat, last listener of the tok2vec, skips it, so the
+    tok2vec's backward never ran and the tagger's gradients of that share were lost,
+    with nothing said (`spacy lean train --nproc 2` trained other weights than one
+    process: up to 10% of an array's size). Relayed now: two shares accumulated give
+    the whole batch's gradients, and so does a split."""
+    nlp, examples = _spancat_last_pipeline()
+    whole, _ = _spancat_last_pipeline()
+    assert_same(arrays(nlp), arrays(whole), "initial param", atol=0)
+    long_docs, short_docs = examples[:4], examples[4:]
+    assert not whole.get_pipe("spancat").suggester([eg.predicted for eg in short_docs]).data.size
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lean_update(whole, examples)
+        lean_update(nlp, long_docs)
+        lean_update(nlp, short_docs)
+    assert not [str(w.message) for w in record if "skipped the update" in str(w.message)]
+    expected = arrays(whole, grads=True)
+    assert_same(arrays(nlp, grads=True), expected, "two shares grad")
+    split, _ = _spancat_last_pipeline()
+    policy = UpdatePolicy(max_padded_tokens=2 * 4)  # the short docs in micro-batches of their own
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OOMSplitWarning)  # the long docs: one each
+        lean_update(split, examples, policy=policy)
+    assert policy.split_batches == 1
+    assert_same(arrays(split, grads=True), expected, "split grad")
 
 
 def _with_tags(doc, tags):

@@ -21,7 +21,7 @@ place, so no copy of the gradients is made. Without an enabled grad scaler (no m
 precision, or no GPU) nothing changes. Nor is anything saved with the pipeline.
 """
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Iterable, Tuple
 
 from spacy.language import Language
 from thinc.api import Model
@@ -49,7 +49,7 @@ def _prescale_accumulated(shim: Any) -> None:
         grad.mul_(scales[device])
 
 
-def check_mixed_precision_device(nlp: Language) -> None:
+def check_mixed_precision_device(nlp: Language, exclude: Iterable[str] = ()) -> None:
     """Mixed precision trains on a CUDA GPU only: thinc's grad scaler refuses tensors
     elsewhere, but only at the first backward pass, after the pipeline was initialised,
     with a message that names neither the component nor the setting (on a CPU-only
@@ -57,10 +57,16 @@ def check_mixed_precision_device(nlp: Language) -> None:
     the first update instead, naming both and the fix. Prediction is not affected (its
     autocast is off without CUDA).
 
-    RAISES ValueError: a trainable component's torch model has an enabled grad scaler
+    nlp (Language): the pipeline.
+    exclude (Iterable[str]): components not updated (frozen): their backward pass never
+        runs, so their scalers never fail.
+    RAISES ValueError: an updated component's torch model has an enabled grad scaler
         and is not on a CUDA device.
     """
+    excluded = set(exclude)
     for name, proc in nlp.pipeline:
+        if name in excluded:
+            continue
         model = getattr(proc, "model", None)
         if not isinstance(model, Model):
             continue

@@ -471,20 +471,31 @@ def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -
     return reductions
 
 
+def _relays_zeros(proc: Any) -> bool:
+    """Whether a component's skipped update can be relayed with a zero gradient:
+    spaCy's and spacy-transformers' own components skip an update (a ner or parser
+    without gold, a spancat with no suggested span, an entity_linker with no
+    entity) by returning before they backpropagate, and never call the listener's
+    callback after `update` returns, so a zero gradient is exactly "nothing from this
+    component". A component of another package may keep the callback for later."""
+    module = type(proc).__module__ or ""
+    return isinstance(proc, Parser) or module.startswith(("spacy.", "spacy_transformers."))
+
+
 class _ListenerRelay:
     """Keep the shared backward pass: spaCy's tok2vec and spacy-transformers run it
-    when their *last* listener backpropagates. A ner or parser skips an update
-    without gold, so where it is that last listener, a (micro-)batch without its
-    annotation would drop the other listeners' gradients. The relay watches each such
-    listener's callback and, when an update did not call it, calls it with a zero
-    gradient, which runs the producer's backward pass on what the other listeners
-    accumulated.
+    when their *last* listener backpropagates. A component skips an update with
+    nothing to learn from (a ner without gold, a spancat with no suggested span), so
+    where it is that last listener, a (micro-)batch it skips would drop the other
+    listeners' gradients. The relay watches each such listener's callback and, when an
+    update did not call it, calls it with a zero gradient, which runs the producer's
+    backward pass on what the other listeners accumulated.
 
-    So a micro-batch, or a rank's share of a data-parallel batch, without the
-    annotation keeps the other listeners' gradients, as the whole batch (with some
-    annotation) does. A whole batch without any keeps them too, where `nlp.update`
-    drops them. Other components that may skip an update are not relayed: a split
-    where one of them skipped a micro-batch warns once."""
+    So a micro-batch, or a rank's share of a data-parallel batch, that the last
+    listener skips keeps the other listeners' gradients, as the whole batch does. A
+    whole batch it skips keeps them too, where `nlp.update` drops them. Components of
+    other packages (`_relays_zeros`) are not relayed: an update where one of them
+    skipped warns once."""
 
     def __init__(self, nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]):
         self.policy = policy
@@ -502,7 +513,7 @@ class _ListenerRelay:
             owner = next((n for n, ms in listener_map.items() if any(m is last for m in ms)), None)
             if owner is None or owner in excluded or owner not in nlp.pipe_names:
                 continue
-            relay = isinstance(nlp.get_pipe(owner), Parser)
+            relay = _relays_zeros(nlp.get_pipe(owner))
             self.watched.append((producer_name, last, owner, relay))
         self.called: Dict[str, List[bool]] = {owner: [] for _, _, owner, _ in self.watched}
 
@@ -541,17 +552,17 @@ class _ListenerRelay:
                 record.clear()
 
     def finish(self) -> None:
-        """Warn where a micro-batch's gradients were dropped that the whole batch kept."""
+        """Warn where an update's gradients were dropped: a (micro-)batch that a last
+        listener not relayed skipped (in a data-parallel run, one rank's share may be
+        all it sees), or a gradient that could not be relayed."""
         for producer_name, _, owner, relay in self.watched:
             called = self.called[owner]
-            dropped = any(c is None for c in called) or (
-                not relay and any(called) and not all(called)
-            )
+            dropped = any(c is None for c in called) or (not relay and not all(called))
             if dropped:
                 self.policy.warn_once(
                     f"skipped-listener:{owner}",
                     f"'{owner}', the last listener of '{producer_name}', skipped the "
-                    "update of some (micro-)batches (no annotation for it in them), or its "
+                    "update of some (micro-)batches (nothing in them to learn from), or its "
                     f"gradient could not be relayed: '{producer_name}' runs its backward "
                     "pass when that listener's gradient arrives, so the other listeners' "
                     "gradients of those batches are dropped. Put "
@@ -694,7 +705,7 @@ def lean_update(
     # groups, micro-batches, accumulate_gradient) add up, as without it.
     install_mixed_precision_accumulation(nlp)
     if not policy._devices_checked:
-        check_mixed_precision_device(nlp)
+        check_mixed_precision_device(nlp, exclude)
         policy._devices_checked = True
     if not examples:
         return losses
