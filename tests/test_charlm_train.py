@@ -376,6 +376,20 @@ def test_a_resume_with_nothing_left_to_train_says_how_to_go_on(text_file, tmp_pa
         [text_file], tmp_path, max_steps=130, max_epochs=2, resume=True, **kwargs
     )
     assert resumed.step == 130
+    # A checkpoint saved after an epoch's last batch holds that epoch at its end (the
+    # loader moves on only when asked for the next batch): a finished pass all the same.
+    out = tmp_path / "boundary"
+    one = train_charlm(
+        [text_file], out, max_epochs=1, checkpoint_every=1, randomize_bptt=False, **kwargs
+    )
+    saved = torch.load(out / STATE_FILE, weights_only=True)["loader"]
+    assert saved["epoch"] == 0 and saved["offset"] > 0  # the boundary case
+    with pytest.raises(ValueError, match=r"after 1 full pass\(es\).*--epochs 2 or more"):
+        train_charlm([text_file], out, max_epochs=1, resume=True, **kwargs)
+    more = train_charlm(
+        [text_file], out, max_epochs=2, max_steps=one.step + 3, resume=True, **kwargs
+    )
+    assert more.step == one.step + 3
 
 
 @pytest.mark.gpu

@@ -494,7 +494,11 @@ class _Trainer:
                 f"is left to train. Pass a larger one (e.g. --max-steps {2 * self.step:,}) "
                 "to go on."
             )
-        epochs = self.loader.epoch
+        # A checkpoint saved after an epoch's last batch, before the loader moved on to
+        # the next (a step or SIGTERM stop there, or a run ended by its epochs whose last
+        # save was that step), holds the epoch unfinished at its end: it counts as done.
+        loader = self.loader
+        epochs = loader.epoch + (loader.offset >= loader.stream_len)
         if epochs >= max_epochs:
             raise ValueError(
                 f"{where} after {epochs} full pass(es) over the text, and this run's "
