@@ -5,7 +5,8 @@ generator (multi-sentence documents, long-tailed lengths, 4 entity types, a few
 very long documents), so the project runs offline. "conll2003" and "wnut17"
 convert the optional assets (fetch them first with
 `spacy project assets --extra`); any other value is read as a directory that
-holds train/dev/test files, either .spacy or CoNLL/IOB columns.
+holds train/dev/test files: .spacy, .jsonl (spacy-lean's reader's formats:
+docs/corpus.md) or CoNLL/IOB columns (IOB tags; BIOES/BILUO tags are converted).
 """
 
 import hashlib
@@ -15,11 +16,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List
 
+import re
+
+import spacy
 import typer
 from spacy.tokens import DocBin
 from spacy.training.converters import conll_ner_to_docs
+from spacy.vocab import Vocab
 from wasabi import msg
 
+from spacy_lean.corpus.sources import iter_shard_docs
 from spacy_lean.synthetic import write_ner_corpus
 
 SPLITS = ("train", "dev", "test")
@@ -66,6 +72,12 @@ ASSET_SHA256 = {
 # What spaCy's CoNLL converter takes as a document boundary.
 DOC_DELIMITER = "-DOCSTART- -X- O O"
 COLUMN_SUFFIXES = (".iob", ".iob2", ".conll", ".txt", ".tsv", ".annotated")
+DATA_SUFFIXES = (".spacy", ".jsonl", *COLUMN_SUFFIXES)
+# An NER tag spaCy's converter reads (IOB: O, B-X, I-X), or one of BIOES / BILUO, which
+# is converted to IOB first (E- and L- continue an entity, S- and U- are one alone).
+IOB_TAG = re.compile(r"^(O|[BI]-\S+)$")
+TO_IOB = {"E": "I", "L": "I", "S": "B", "U": "B"}
+OTHER_TAG = re.compile(r"^([ELSU])-(\S+)$")
 
 
 def main(
@@ -84,6 +96,12 @@ def main(
     lang: str = typer.Option("en", "--lang", help="Language of the generated corpus"),
 ):
     """Write train/dev/test .spacy files and corpus statistics (stats.json)."""
+    if n_sents < 0:
+        msg.fail(
+            f"--n-sents (--vars.n_sents_per_doc) must be >= 0, got {n_sents} (0: as the "
+            "files' -DOCSTART- lines, or one document per file without them)",
+            exits=1,
+        )
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = {split: output_dir / f"{split}.spacy" for split in SPLITS}
     if dataset == "generated":
@@ -97,7 +115,7 @@ def main(
     else:
         sources = _find_sources(dataset)
         for split in SPLITS:
-            _convert(sources[split], outputs[split], n_sents)
+            _convert(sources[split], outputs[split], n_sents, lang)
     stats = {split: _stats(outputs[split]) for split in SPLITS}
     stats["dataset"] = dataset
     (output_dir / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf8")
@@ -135,14 +153,27 @@ def _find_sources(dataset: str) -> Dict[str, Path]:
     sources = {}
     for split in SPLITS:
         names = [split] + (["valid", "validation"] if split == "dev" else [])
-        found = [
-            p
-            for p in sorted(root.iterdir())
-            if p.stem in names and (p.suffix == ".spacy" or p.suffix in COLUMN_SUFFIXES)
-        ]
-        if not found:
+        entries = [p for p in sorted(root.iterdir()) if p.stem in names or p.name in names]
+        found = [p for p in entries if p.is_file() and p.suffix in DATA_SUFFIXES]
+        if len(found) > 1:
             msg.fail(
-                f"No {split} file in {root} (expected e.g. {split}.spacy or {split}.iob)",
+                f"{len(found)} {split} files in {root}: {', '.join(p.name for p in found)}",
+                "Keep one of them there (move the others out): this step would not know "
+                "which to read.",
+                exits=1,
+            )
+        if not found:
+            folders = [p.name for p in entries if p.is_dir()]
+            hint = (
+                f" A folder of shards ({', '.join(folders)}) is read by the training "
+                "reader, not by this step: point a config's [paths] at it with `spacy "
+                "train` or `spacy lean train` yourself, or put its docs in one file."
+                if folders
+                else ""
+            )
+            msg.fail(
+                f"No {split} file in {root} (expected one of {', '.join(names)} ending in "
+                f"{', '.join(DATA_SUFFIXES)}).{hint}",
                 exits=1,
             )
         sources[split] = found[0]
@@ -162,15 +193,29 @@ def _check_asset(path: str) -> None:
         msg.good(f"Checked {path} (sha256 {sha256[:12]}...)")
 
 
-def _convert(source: Path, output: Path, n_sents: int) -> None:
-    if source.suffix == ".spacy":
+def _convert(source: Path, output: Path, n_sents: int, lang: str) -> None:
+    if source.suffix in (".spacy", ".jsonl"):
+        # Read as the training reader reads it, strictly: a .spacy file with data after
+        # its DocBin (two files joined) or a .jsonl record that does not align fails
+        # here, naming the file, not one step later naming the project's copy.
+        nlp = spacy.blank(lang) if source.suffix == ".jsonl" else None
+        vocab = nlp.vocab if nlp is not None else Vocab()
+        doc_bin = DocBin(store_user_data=True) if nlp is not None else None
+        n_docs = 0
         try:
-            n_docs = len(DocBin().from_disk(source))
-        except Exception as err:
-            msg.fail(f"{source} is not a .spacy file (spaCy DocBin): {err!r}", exits=1)
+            for doc in iter_shard_docs(source, vocab, nlp=nlp):
+                n_docs += 1
+                if doc_bin is not None:
+                    doc_bin.add(doc)
+        except (ValueError, OSError) as err:
+            # The reader's messages name the file themselves.
+            message = str(err) if str(source) in str(err) else f"Could not read {source}: {err}"
+            msg.fail(message, exits=1)
         if not n_docs:
             msg.fail(f"No documents in {source}", exits=1)
-        if source.resolve() != output.resolve():
+        if doc_bin is not None:
+            doc_bin.to_disk(output)
+        elif source.resolve() != output.resolve():
             shutil.copyfile(source, output)
         return
     try:
@@ -186,6 +231,7 @@ def _convert(source: Path, output: Path, n_sents: int) -> None:
         for ln in text.split("\n")
     ]
     _check_columns(source, lines)
+    lines = _to_iob(source, lines)
     doc_bin = DocBin(store_user_data=True)
     try:
         for doc in conll_ner_to_docs("\n".join(lines), n_sents=n_sents, no_print=True):
@@ -223,9 +269,38 @@ def _check_columns(source: Path, lines: List[str]) -> None:
             )
 
 
-def _stats(path: Path) -> Dict[str, object]:
-    from spacy.vocab import Vocab
+def _to_iob(source: Path, lines: List[str]) -> List[str]:
+    """The token lines' NER tags (the last column, as spaCy's converter reads it) in
+    IOB: BIOES / BILUO tags converted, anything else refused naming the line. spaCy's
+    converter cuts every tag to its label after two characters: tags without a B-/I-
+    prefix ("PER", IO tagging) or a POS column last ("NNP") became entities labelled
+    "R" or "P", and E- tags split entities, with nothing said."""
+    out = []
+    for i, line in enumerate(lines, start=1):
+        cols = line.split()
+        if not cols or line == DOC_DELIMITER:
+            out.append(line)
+            continue
+        tag = cols[-1]
+        if IOB_TAG.match(tag):
+            out.append(line)
+            continue
+        other = OTHER_TAG.match(tag)
+        if other is None:
+            msg.fail(
+                f"{source}, line {i}: {tag!r} is not an NER tag this step reads: the last "
+                "column must be O, B-LABEL or I-LABEL (IOB), or E-/S- (BIOES) or L-/U- "
+                f"(BILUO), which are converted: {line!r}",
+                "Tags without a prefix (IO tagging: PER PER O) need one: B- for an "
+                "entity's first token, I- for the others. A file whose last column is not "
+                "the NER tag needs its columns reordered.",
+                exits=1,
+            )
+        out.append(" ".join([*cols[:-1], f"{TO_IOB[other.group(1)]}-{other.group(2)}"]))
+    return out
 
+
+def _stats(path: Path) -> Dict[str, object]:
     lengths: List[int] = []
     labels: Counter = Counter()
     for doc in DocBin().from_disk(path).get_docs(Vocab()):

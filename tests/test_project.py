@@ -18,6 +18,8 @@ from spacy.vocab import Vocab
 from thinc.api import Config
 from typer.testing import CliRunner
 
+from spacy_lean import synthetic
+
 ROOT = Path(__file__).parent.parent
 PROJECT = srsly.read_yaml(ROOT / "project.yml")
 COMMANDS = {cmd["name"]: cmd for cmd in PROJECT["commands"]}
@@ -410,7 +412,75 @@ def test_make_corpus_reads_a_byte_order_mark_and_names_bad_lines(tmp_path):
     assert code == 1 and "No documents in" in flat(out) and "test.spacy" in flat(out), out
     (data / "test.spacy").write_text("not a DocBin", encoding="utf8")
     code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
-    assert code == 1 and "is not a .spacy file" in flat(out), out
+    assert code == 1 and "Could not read" in flat(out) and "test.spacy" in flat(out), out
+
+
+def _corpus_folder(tmp_path, **files):
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for name, text in {"train.txt": CONLL, "valid.txt": CONLL, "test.txt": CONLL}.items():
+        (data / name).write_text(text, encoding="utf8")
+    for name, text in files.items():
+        (data / name.replace("__", ".")).write_text(text, encoding="utf8")
+    return data
+
+
+def test_make_corpus_reads_bioes_and_refuses_tags_it_cannot_read(tmp_path):
+    """spaCy's converter cuts every tag to its label after two characters: IO tags
+    ("PER") became one-token entities labelled "R", a POS column last ("NNP") entities
+    labelled "P", and BIOES's E- tags split entities, all with a success line. BIOES
+    and BILUO are converted now; anything else is refused naming the line."""
+    bioes = "Ada B-PER\nLindqvist E-PER\nmet O\nBo S-PER\nin O\nNew B-LOC\nHal I-LOC\nCity L-LOC\n"
+    data = _corpus_folder(tmp_path, test__txt=bioes + "\nQuill U-ORG\n")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    docs = list(DocBin().from_disk(tmp_path / "corpus" / "test.spacy").get_docs(Vocab()))
+    ents = [(e.text, e.label_) for d in docs for e in d.ents]
+    assert ents == [
+        ("Ada Lindqvist", "PER"),
+        ("Bo", "PER"),
+        ("New Hal City", "LOC"),
+        ("Quill", "ORG"),
+    ]
+    for text, tag in (("Ada PER\nLindqvist PER\n. O\n", "PER"), ("Ada NNP\nleft VBD\n", "NNP")):
+        (data / "test.txt").write_text(text, encoding="utf8")
+        code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+        assert code == 1, tag
+        assert f"test.txt, line 1: '{tag}' is not an NER tag" in flat(out), out
+
+
+def test_make_corpus_refuses_two_files_for_a_split_and_reads_jsonl(tmp_path):
+    """A leftover train.iob next to the curated train.spacy: the .iob was read (it sorts
+    first), silently. Refused now, naming both. A .jsonl file is read as the training
+    reader reads it (docs/corpus.md); a joined .spacy file is refused by name, not one
+    step later; a negative --n-sents is refused, not a traceback."""
+    data = _corpus_folder(tmp_path)
+    synthetic.write_ner_corpus(data / "train.spacy", 5, seed=1)
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "2 train files in" in flat(out)
+    assert "train.spacy, train.txt" in flat(out), out
+    (data / "train.txt").unlink()
+    joined = data / "train.spacy"
+    joined.write_bytes(joined.read_bytes() * 2)
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "train.spacy" in flat(out) and "joined" in flat(out), out
+    joined.unlink()
+    record = {"text": "Ada Lindqvist visited Veldmark .", "entities": [[0, 13, "PER"]]}
+    (data / "train.jsonl").write_text(json.dumps(record) + "\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 0, out
+    (doc,) = DocBin().from_disk(tmp_path / "corpus" / "train.spacy").get_docs(Vocab())
+    assert [(e.text, e.label_) for e in doc.ents] == [("Ada Lindqvist", "PER")]
+    record["entities"] = [[0, 12, "PER"]]  # not on a token boundary
+    (data / "train.jsonl").write_text(json.dumps(record) + "\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "train.jsonl" in flat(out), out
+    (data / "train.jsonl").unlink()
+    (data / "train").mkdir()
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus"])
+    assert code == 1 and "No train file" in flat(out) and "A folder of shards (train)" in flat(out)
+    code, out = _invoke("make_corpus", [data, tmp_path / "corpus", "--n-sents", "-1"])
+    assert code == 1 and "must be >= 0, got -1" in flat(out), out
 
 
 def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
