@@ -114,8 +114,17 @@ def main(
             )
     else:
         sources = _find_sources(dataset)
-        for split in SPLITS:
-            _convert(sources[split], outputs[split], n_sents, lang)
+        # Every split converted before any is replaced: a file that fails leaves the
+        # corpus as it was, not a new train.spacy beside the old dev and test.
+        pending = {split: output_dir / f".{split}.spacy.part" for split in SPLITS}
+        try:
+            for split in SPLITS:
+                _convert(sources[split], pending[split], n_sents, lang)
+            for split in SPLITS:
+                pending[split].replace(outputs[split])
+        finally:
+            for path in pending.values():
+                path.unlink(missing_ok=True)
     stats = {split: _stats(outputs[split]) for split in SPLITS}
     stats["dataset"] = dataset
     (output_dir / "stats.json").write_text(json.dumps(stats, indent=2), encoding="utf8")
@@ -215,7 +224,7 @@ def _convert(source: Path, output: Path, n_sents: int, lang: str) -> None:
             msg.fail(f"No documents in {source}", exits=1)
         if doc_bin is not None:
             doc_bin.to_disk(output)
-        elif source.resolve() != output.resolve():
+        else:
             shutil.copyfile(source, output)
         return
     try:
@@ -240,6 +249,14 @@ def _convert(source: Path, output: Path, n_sents: int, lang: str) -> None:
         msg.fail(f"Could not convert {source}: {err}", exits=1)
     if not len(doc_bin):
         msg.fail(f"No documents in {source}", exits=1)
+    if not _has_sentence_breaks(lines):
+        # spaCy's converter says so too, but only where it may print (not here).
+        n_tokens = sum(1 for ln in lines if ln and ln != DOC_DELIMITER)
+        msg.warn(
+            f"{source} has no empty line between sentences: its {n_tokens:,} tokens are one "
+            "sentence (the training reader cuts long docs at max_length, not at sentence "
+            "ends). Separate sentences with empty lines if the data has them."
+        )
     doc_bin.to_disk(output)
 
 
@@ -267,6 +284,21 @@ def _check_columns(source: Path, lines: List[str]) -> None:
                 f"sentence has {first[1]}: {line!r}",
                 exits=1,
             )
+
+
+def _has_sentence_breaks(lines: List[str]) -> bool:
+    """Whether an empty line stands between two token lines of one document."""
+    token_before = blank_after_token = False
+    for line in lines:
+        if line == DOC_DELIMITER:
+            token_before = blank_after_token = False
+        elif not line:
+            blank_after_token = token_before
+        elif blank_after_token:
+            return True
+        else:
+            token_before = True
+    return False
 
 
 def _to_iob(source: Path, lines: List[str]) -> List[str]:

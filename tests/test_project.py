@@ -483,6 +483,34 @@ def test_make_corpus_refuses_two_files_for_a_split_and_reads_jsonl(tmp_path):
     assert code == 1 and "must be >= 0, got -1" in flat(out), out
 
 
+def test_make_corpus_replaces_no_split_when_one_fails_and_warns_of_one_sentence(tmp_path):
+    """The splits were written one by one: a dev file that failed left the new
+    train.spacy beside the old dev and test. And a file without empty lines became one
+    sentence, with spaCy's warning hidden."""
+    data = _corpus_folder(tmp_path)
+    out_dir = tmp_path / "corpus"
+    code, out = _invoke("make_corpus", [data, out_dir])
+    assert code == 0, out
+    before = {p.name: p.read_bytes() for p in out_dir.glob("*.spacy")}
+    (data / "train.txt").write_text("Bo B-PER\nran O\n\nBo B-PER\nsat O\n", encoding="utf8")
+    (data / "valid.txt").write_text("Bo PER\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, out_dir])
+    assert code == 1 and "valid.txt, line 1" in flat(out), out
+    assert {p.name: p.read_bytes() for p in out_dir.glob("*.spacy")} == before
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "dev.spacy",
+        "stats.json",
+        "test.spacy",
+        "train.spacy",
+    ]
+    (data / "valid.txt").write_text("Bo B-PER\nran O\nBo B-PER\nsat O\n", encoding="utf8")
+    code, out = _invoke("make_corpus", [data, out_dir])
+    assert code == 0, out
+    said = flat(out)
+    assert "valid.txt has no empty line between sentences: its 4 tokens are one sentence" in said
+    assert "train.txt has no empty line" not in said and "test.txt has no empty line" not in said
+
+
 def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):
     """The files of --vars.dataset are no deps of the `corpus` step (deps cannot name a
     folder that "generated" does not have): it runs every time, writing the same bytes
