@@ -27,10 +27,10 @@ import numpy
 import pytest
 import spacy
 from spacy.language import Language
-from spacy.tokens import Span
+from spacy.tokens import Doc, Span
 from spacy.training import Example
 from spacy.util import fix_random_seed
-from thinc.api import Adam, Config
+from thinc.api import Adam, Config, Model
 
 from spacy_lean import synthetic
 from spacy_lean.memory import DEFAULT_TRIM_SLACK_MB
@@ -1117,6 +1117,82 @@ def test_shares_a_spancat_last_listener_skips_add_up_to_the_whole_batch():
         lean_update(split, examples, policy=policy)
     assert policy.split_batches == 1
     assert_same(arrays(split, grads=True), expected, "split grad")
+
+
+@pytest.mark.parametrize("last", ["textcat", "ner"])
+def test_a_batch_of_only_empty_docs_is_no_update(last):
+    """spaCy's tok2vec hands its listeners arrays of no rows for a batch of only empty
+    docs, and every listener skips it: the relay ran the tok2vec's backward pass on
+    them, which failed in thinc's maxout (IndexError), with or without a split. Stock
+    `nlp.update` does nothing there, and so does `lean_update` now."""
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    nlp.add_pipe(last, config={"model": {"tok2vec": listener}})
+    words, tags = ["Bo", "ran", "."], ["N", "V", "P"]
+    init = [Example(Doc(nlp.vocab, words=words), Doc(nlp.vocab, words=words, tags=tags))]
+    init[0].reference.cats = {"A": 1.0, "B": 0.0}
+    nlp.initialize(lambda: init)
+    empty = []
+    for _ in range(4):
+        reference = Doc(nlp.vocab, words=[])
+        reference.cats = {"A": 1.0, "B": 0.0}
+        empty.append(Example(Doc(nlp.vocab, words=[]), reference))
+    before = arrays(nlp, grads=True)
+    losses = lean_update(nlp, empty)
+    assert losses == nlp.update(empty, sgd=False) == {"tok2vec": 0.0, "tagger": 0.0, last: 0.0}
+    after = arrays(nlp, grads=True)
+    assert all((a is None and b is None) or (a == b).all() for a, b in zip(after, before))
+
+
+def test_a_stacked_tok2vec_runs_its_backward_pass_once(monkeypatch):
+    """A tok2vec listening to another (tok2vec -> tagger1 + tok2vec2; tok2vec2 ->
+    tagger2 + ner, last) and a batch the ner skips: the relay sent zeros into the
+    upstream tok2vec's backward pass, then into tok2vec2's, which passed its own on to
+    the upstream one's callback, so that ran twice (counting tagger1's gradient twice).
+    Downstream first, the upstream backward pass runs once."""
+    from spacy.ml.models.tok2vec import Tok2VecListener
+    from thinc.api import Maxout, chain, with_array
+
+    @spacy.registry.architectures("test_stacked_tok2vec.v1")
+    def stacked(width: int, upstream: str):
+        listener = Tok2VecListener(upstream_name=upstream, width=width)
+        return chain(listener, with_array(Maxout(width, width, nP=2)))
+
+    def listener(upstream):
+        return {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": upstream}
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("tagger", name="tagger1", config={"model": {"tok2vec": listener("tok2vec")}})
+    model = {"@architectures": "test_stacked_tok2vec.v1", "width": 96, "upstream": "tok2vec"}
+    nlp.add_pipe("tok2vec", name="tok2vec2", config={"model": model})
+    nlp.add_pipe("tagger", name="tagger2", config={"model": {"tok2vec": listener("tok2vec2")}})
+    nlp.add_pipe("ner", config={"model": {"tok2vec": listener("tok2vec2")}})
+    words = ["Ada", "Lind", "runs", "in", "Oslo", "."]
+    tags, ents = ["N", "N", "V", "P", "N", "X"], ["B-PER", "I-PER", "O", "O", "B-LOC", "O"]
+    gold = Doc(nlp.vocab, words=words, tags=tags, ents=ents)
+    nlp.initialize(lambda: [Example(Doc(nlp.vocab, words=words), gold)])
+    upstream = nlp.get_pipe("tok2vec").model
+    passes = []
+    begin_update = Model.begin_update
+
+    def counting_begin_update(self, X):
+        Y, backprop = begin_update(self, X)
+        if self is not upstream:
+            return Y, backprop
+
+        def counted(dY):
+            passes.append(1)
+            return backprop(dY)
+
+        return Y, counted
+
+    monkeypatch.setattr(Model, "begin_update", counting_begin_update)
+    no_entities = Doc(nlp.vocab, words=words, tags=tags)  # the ner skips the batch
+    lean_update(nlp, [Example(Doc(nlp.vocab, words=words), no_entities)] * 2)
+    assert len(passes) == 1
 
 
 def _with_tags(doc, tags):

@@ -529,17 +529,29 @@ class _ListenerRelay:
                 pass
         try:
             update()
-            for (producer_name, listener, owner, relay), record in zip(self.watched, records):
+            # Downstream producers first: a producer that listens to another (a stacked
+            # tok2vec) passes its relayed backward pass on to the one upstream, whose
+            # callback is then called and must not be relayed again (its backward pass
+            # would run twice, counting the other listeners' gradients twice).
+            for (producer_name, listener, owner, relay), record in reversed(
+                list(zip(self.watched, records))
+            ):
                 if "backprop" not in record:  # the producer did not run (frozen, no docs)
                     continue
                 self.called[owner].append(record["called"])
                 if record["called"] or not relay:
                     continue
-                zeros = _zero_gradient(record["outputs"], listener.ops.xp)
+                outputs = record["outputs"]
+                if all(hasattr(out, "shape") and not out.shape[0] for out in outputs):
+                    # Only empty docs: tok2vec hands out arrays of no rows, and its
+                    # backward pass on them fails (thinc's maxout); there is nothing to
+                    # pass back, as in `nlp.update`.
+                    continue
+                zeros = _zero_gradient(outputs, listener.ops.xp)
                 if zeros is None:
                     self.called[owner][-1] = None  # type: ignore[call-overload]
                     continue
-                if not zeros and not any(hasattr(out, "shape") for out in record["outputs"]):
+                if not zeros and not any(hasattr(out, "shape") for out in outputs):
                     continue  # only empty docs: the producer has no outputs to pass back to
                 record["backprop"](zeros)
                 # As spacy-transformers' listener does after its backprop: let go of
