@@ -188,7 +188,14 @@ def test_resume_errors(text_file, tmp_path):
     [
         ({"lr": 0.0}, "lr must be a finite number > 0, got 0.0"),
         ({"clip": -1.0}, "clip must be a finite number >= 0 (0 turns clipping off), got -1.0"),
-        ({"seed": -1}, "seed must be a whole number >= 0, got -1"),
+        ({"seed": -1}, "seed must be a whole number >= 0 and < 2**63, got -1"),
+        (
+            {"seed": 2**70},
+            "seed must be a whole number >= 0 and < 2**63, got 1180591620717411303424",
+        ),
+        ({"max_epochs": 0}, "max_epochs (--epochs) must be a whole number >= 1, got 0"),
+        ({"dropout": float("nan")}, "dropout must be a number >= 0 and < 1, got nan"),
+        ({"dropout": 1.0}, "dropout must be a number >= 0 and < 1, got 1.0"),
         ({"batch_size": 0}, "batch_size and bptt must be >= 1, got 0 and 30"),
         ({"nout": 0}, "nout must be >= 1 (or None: no projection), got 0"),
         ({"bptt": 3_000_000}, "ids a batch, more than 10,000,000"),
@@ -206,6 +213,28 @@ def test_settings_a_resume_would_refuse_are_refused_before_training(
         train_charlm([text_file], tmp_path / "run", max_steps=2, **dict(TINY, **settings))
     assert message in str(err.value)
     assert not (tmp_path / "run" / MODEL_FILE).exists()
+
+
+def test_a_resume_on_another_text_of_the_same_length_is_refused(text_file, tmp_path):
+    """The loader state records the text's length only: another text of as many
+    characters was re-encoded and trained on from the old positions, hidden states and
+    optimizer, silently (the loss jumped from 0.87 to 2.88). A fresh run into a folder
+    with an earlier run's best-lm.pt removes it (without --dev this run writes none)."""
+    train_charlm([text_file], tmp_path / "run", max_steps=3, **TINY)
+    text = text_file.read_text(encoding="utf8")
+    other = tmp_path / "other.txt"
+    other.write_text(text[::-1], encoding="utf8")  # the same characters, another order
+    with pytest.raises(ValueError, match=r"Cannot resume: the training text .*other\.txt"):
+        train_charlm([other], tmp_path / "run", max_steps=6, resume=True, **TINY)
+    again = train_charlm([text_file], tmp_path / "run", max_steps=6, resume=True, **TINY)
+    assert again.step == 6
+    (tmp_path / "run" / "best-lm.pt").write_bytes(b"an earlier run's")
+    train_charlm([text_file], tmp_path / "run", max_steps=2, **TINY)
+    assert not (tmp_path / "run" / "best-lm.pt").exists()
+    output_file = tmp_path / "a_file"
+    output_file.write_text("x", encoding="utf8")
+    with pytest.raises(ValueError, match="is a file: give a folder's path"):
+        train_charlm([text_file], output_file, max_steps=2, **TINY)
 
 
 def test_a_model_from_another_save_is_not_resumed(text_file, tmp_path):

@@ -158,6 +158,9 @@ class CharLM(nn.Module):
                 "hidden_size, nlayers and embedding_size must be >= 1, got "
                 f"{hidden_size}, {nlayers}, {embedding_size}"
             )
+        if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
+            # NaN passes torch's own range check and fails at the first forward pass.
+            raise ValueError(f"dropout must be a number >= 0 and < 1, got {dropout}")
         if nout is not None and (type(nout) is not int or nout < 1):
             # A saved model with nout 0 is refused when loaded: refused here, before training.
             raise ValueError(f"nout must be >= 1 (or None: no projection), got {nout}")

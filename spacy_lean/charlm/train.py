@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -237,6 +238,11 @@ def train_charlm(
         raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}.")
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps}.")
+    if not _whole(max_epochs, 1):
+        # 0 trained nothing, saved the untrained model and reported success.
+        raise ValueError(f"max_epochs (--epochs) must be a whole number >= 1, got {max_epochs}.")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"The output folder {output_dir} is a file: give a folder's path.")
     if checkpoint_every < 0 or log_every < 1:
         raise ValueError(
             "checkpoint_every must be >= 0 and log_every >= 1, got "
@@ -380,6 +386,10 @@ class _Trainer:
             optimizer = state["config"]["optimizer"]
         else:
             output_dir.mkdir(parents=True, exist_ok=True)
+            # An earlier run's best model would sit beside this run's (without --dev
+            # this run writes none): it is not this run's.
+            if dist.is_main:
+                (output_dir / BEST_MODEL_FILE).unlink(missing_ok=True)
             if dictionary is None:
                 dictionary = _shared_dictionary(texts, min_char_count, dist, progress)
             torch.manual_seed(seed)
@@ -387,6 +397,7 @@ class _Trainer:
         if not model.has_decoder:
             raise ValueError("Cannot train a character LM without its decoder (has_decoder=False).")
         encoded = _shared_encoding(texts, dictionary, output_dir / CORPUS_DIR, dist, progress)
+        text_sha256 = _ids_sha256(encoded)
         dev = None
         if dev_texts:
             dev_dir = output_dir / DEV_CORPUS_DIR
@@ -416,6 +427,17 @@ class _Trainer:
                 )
         else:
             _check_resume_state(state, output_dir / STATE_FILE, len(encoded), model)
+            saved_sha256 = state["config"].get("text_sha256")
+            if saved_sha256 is not None and saved_sha256 != text_sha256:
+                then = state["config"].get("texts")
+                then = ", ".join(map(str, then)) if isinstance(then, list) else "another text"
+                raise ValueError(
+                    f"Cannot resume: the training text ({_names(texts)}) is not the one the "
+                    f"checkpoint in {output_dir} was trained on ({then[:300]}): the same "
+                    "number of characters, others among them. Resume with that text, or "
+                    "train again without --resume (into another output folder to keep this "
+                    "one)."
+                )
             batch_size = CharLMLoader.batch_size_for(state["loader"], dist.world_size)
             saved = state["config"]
             loader_settings = dict(bptt=saved["bptt"], randomize=saved["randomize"])
@@ -455,6 +477,7 @@ class _Trainer:
             **loader_settings,
             "n_streams": loader.n_streams,
             "texts": [str(t) for t in texts],
+            "text_sha256": text_sha256,
         }
         trainer = cls(
             model,
@@ -698,6 +721,15 @@ class _Trainer:
 _MAX_BATCH_IDS = 10_000_000
 
 
+def _ids_sha256(encoded: Any, chunk: int = 1 << 24) -> str:
+    """A SHA-256 of the encoded text's ids, read a chunk at a time: a resume on another
+    text of the same length is told apart (the loader state records the length only)."""
+    digest = hashlib.sha256()
+    for start in range(0, len(encoded), chunk):
+        digest.update(np.ascontiguousarray(encoded.ids[start : start + chunk]).tobytes())
+    return digest.hexdigest()
+
+
 def _batch_ids_limit(n_chars: int) -> int:
     """The most ids a batch may hold: the text's length, or 10 million if more."""
     return max(n_chars, _MAX_BATCH_IDS)
@@ -716,7 +748,7 @@ def _finite(value: Any) -> bool:
 _SETTING_CHECKS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "lr": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
     "clip": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0 turns clipping off)"),
-    "seed": (_whole, "a whole number >= 0"),
+    "seed": (lambda v: _whole(v) and v < 2**63, "a whole number >= 0 and < 2**63"),
     "bptt": (lambda v: _whole(v, 1), "a whole number >= 1"),
     "randomize": (lambda v: type(v) is bool, "true or false"),
 }
@@ -747,6 +779,11 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
     for key, (ok, expected) in _SETTING_CHECKS.items():
         if not ok(config.get(key)):
             refuse(f"config.{key}", config.get(key), expected)
+    text_sha256 = config.get("text_sha256")  # absent in states written before it
+    if text_sha256 is not None and not (
+        isinstance(text_sha256, str) and len(text_sha256) == 64 and text_sha256.isalnum()
+    ):
+        refuse("config.text_sha256", text_sha256, "a SHA-256 in hex")
     for key in ("n_streams", "n_chars"):
         if not _whole(loader.get(key), 1):
             refuse(f"loader.{key}", loader.get(key), "a whole number >= 1")
