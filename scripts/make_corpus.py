@@ -113,6 +113,13 @@ def main(
                 outputs[split], sizes[split], seed=seed + i, lang=lang, long_doc_rate=long_doc_rate
             )
     else:
+        if Path(dataset).is_dir() and Path(dataset).resolve() == output_dir.resolve():
+            msg.fail(
+                f"The dataset folder {dataset} is the folder this step writes to: its "
+                "train/dev/test .spacy files would sit beside your files (and be read as "
+                "a second file for each split next time). Put your files in another folder.",
+                exits=1,
+            )
         sources = _find_sources(dataset)
         # Every split converted before any is replaced: a file that fails leaves the
         # corpus as it was, not a new train.spacy beside the old dev and test.
@@ -249,7 +256,10 @@ def _convert(source: Path, output: Path, n_sents: int, lang: str) -> None:
         msg.fail(f"Could not convert {source}: {err}", exits=1)
     if not len(doc_bin):
         msg.fail(f"No documents in {source}", exits=1)
-    if not _has_sentence_breaks(lines):
+    # With --n-sents 0 and no -DOCSTART- line, spaCy's converter finds the sentences
+    # itself (its sentencizer); otherwise a file without empty lines is one sentence.
+    segmented = n_sents == 0 and DOC_DELIMITER not in lines
+    if not segmented and not _has_sentence_breaks(lines):
         # spaCy's converter says so too, but only where it may print (not here).
         n_tokens = sum(1 for ln in lines if ln and ln != DOC_DELIMITER)
         msg.warn(

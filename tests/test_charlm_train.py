@@ -1,6 +1,7 @@
 """Training a character LM: the loss falls, checkpoints are Flair-format, resume
 after an interruption is bitwise identical on CPU, and the CLI works."""
 
+import os
 import shutil
 import signal
 
@@ -228,9 +229,27 @@ def test_a_resume_on_another_text_of_the_same_length_is_refused(text_file, tmp_p
         train_charlm([other], tmp_path / "run", max_steps=6, resume=True, **TINY)
     again = train_charlm([text_file], tmp_path / "run", max_steps=6, resume=True, **TINY)
     assert again.step == 6
-    (tmp_path / "run" / "best-lm.pt").write_bytes(b"an earlier run's")
+    # Written over the old file, keeping its modification time (cp -p, rsync -t): the
+    # cached encoding would be reused, so the files' bytes are what is compared.
+    copy = tmp_path / "copy.txt"
+    copy.write_text(text, encoding="utf8")
+    train_charlm([copy], tmp_path / "copied", max_steps=3, **TINY)
+    stat = copy.stat()
+    copy.write_text(text[::-1], encoding="utf8")
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ValueError, match=r"Cannot resume: the training text"):
+        train_charlm([copy], tmp_path / "copied", max_steps=6, resume=True, **TINY)
+    best = tmp_path / "run" / "best-lm.pt"
+    best.write_bytes(b"an earlier run's")
+    with pytest.raises(ValueError, match="Lower --bptt or --batch-size"):  # the folder stays
+        train_charlm([text_file], tmp_path / "run", max_steps=2, **dict(TINY, batch_size=10**6))
+    assert best.read_bytes() == b"an earlier run's"
     train_charlm([text_file], tmp_path / "run", max_steps=2, **TINY)
-    assert not (tmp_path / "run" / "best-lm.pt").exists()
+    assert not best.exists()
+    with pytest.raises(ValueError, match="Not enough memory for a model of hidden size 2000000"):
+        train_charlm(
+            [text_file], tmp_path / "huge", max_steps=2, **dict(TINY, hidden_size=2_000_000)
+        )
     output_file = tmp_path / "a_file"
     output_file.write_text("x", encoding="utf8")
     with pytest.raises(ValueError, match="is a file: give a folder's path"):

@@ -509,6 +509,11 @@ def test_make_corpus_replaces_no_split_when_one_fails_and_warns_of_one_sentence(
     said = flat(out)
     assert "valid.txt has no empty line between sentences: its 4 tokens are one sentence" in said
     assert "train.txt has no empty line" not in said and "test.txt has no empty line" not in said
+    # --n-sents 0 without -DOCSTART-: spaCy's converter finds the sentences itself.
+    code, out = _invoke("make_corpus", [data, out_dir, "--n-sents", "0"])
+    assert code == 0 and "has no empty line" not in flat(out), out
+    code, out = _invoke("make_corpus", [data, data])
+    assert code == 1 and "is the folder this step writes to" in flat(out), out
 
 
 def test_corpus_step_sees_edits_to_a_dataset_folder(tmp_path):

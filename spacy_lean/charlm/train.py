@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 
 from ..training.stopping import StopRequest
 from . import safe_torch
-from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts
+from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts, expand_paths
 from .model import CharDictionary, CharLM
 
 PathLike = Union[str, Path]
@@ -386,18 +385,25 @@ class _Trainer:
             optimizer = state["config"]["optimizer"]
         else:
             output_dir.mkdir(parents=True, exist_ok=True)
-            # An earlier run's best model would sit beside this run's (without --dev
-            # this run writes none): it is not this run's.
-            if dist.is_main:
-                (output_dir / BEST_MODEL_FILE).unlink(missing_ok=True)
             if dictionary is None:
                 dictionary = _shared_dictionary(texts, min_char_count, dist, progress)
             torch.manual_seed(seed)
-            model = CharLM(dictionary, **model_kwargs)
+            try:
+                model = CharLM(dictionary, **model_kwargs)
+            except RuntimeError as err:
+                if "can't allocate memory" not in str(err) and "out of memory" not in str(err):
+                    raise
+                raise ValueError(
+                    "Not enough memory for a model of hidden size "
+                    f"{model_kwargs['hidden_size']}, {model_kwargs['nlayers']} layer(s) and "
+                    f"embeddings of {model_kwargs['embedding_size']}: "
+                    f"{str(err).splitlines()[0][:160]}. Lower --hidden-size, --layers or "
+                    "--embedding-size."
+                ) from None
         if not model.has_decoder:
             raise ValueError("Cannot train a character LM without its decoder (has_decoder=False).")
         encoded = _shared_encoding(texts, dictionary, output_dir / CORPUS_DIR, dist, progress)
-        text_sha256 = _ids_sha256(encoded)
+        text_sha256 = _texts_sha256(texts)
         dev = None
         if dev_texts:
             dev_dir = output_dir / DEV_CORPUS_DIR
@@ -493,6 +499,11 @@ class _Trainer:
         )
         if state is not None:
             trainer._restore(state)
+        elif dist.is_main:
+            # An earlier run's best model would sit beside this run's (without --dev this
+            # run writes none): it is not this run's. Removed only once every check has
+            # passed, so a refused run leaves the folder as it was.
+            (output_dir / BEST_MODEL_FILE).unlink(missing_ok=True)
         return trainer
 
     def _restore(self, state: Dict[str, Any]) -> None:
@@ -721,12 +732,21 @@ class _Trainer:
 _MAX_BATCH_IDS = 10_000_000
 
 
-def _ids_sha256(encoded: Any, chunk: int = 1 << 24) -> str:
-    """A SHA-256 of the encoded text's ids, read a chunk at a time: a resume on another
-    text of the same length is told apart (the loader state records the length only)."""
+def _texts_sha256(texts: Sequence[PathLike], chunk: int = 1 << 24) -> str:
+    """A SHA-256 of the training text files' bytes, in the order they are read, a
+    chunk at a time (about 0.2 s per 100 MB): a resume on another text of the same
+    length is told apart, also one written over the old file with its old modification
+    time (whose cached encoding would be reused); the loader state records the length
+    only."""
     digest = hashlib.sha256()
-    for start in range(0, len(encoded), chunk):
-        digest.update(np.ascontiguousarray(encoded.ids[start : start + chunk]).tobytes())
+    for path in expand_paths(texts):
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(chunk)
+                if not block:
+                    break
+                digest.update(block)
+        digest.update(b"\x00")  # the boundary between files
     return digest.hexdigest()
 
 

@@ -128,15 +128,7 @@ def train_charlm_cli(
         )
     except (ValueError, FileNotFoundError) as err:
         msg.fail(str(err), exits=1)
-    except RuntimeError as err:
-        if "allocate" not in str(err):
-            raise
-        # torch's allocator, building a model too large for this machine's memory.
-        msg.fail(
-            f"Not enough memory for the model: {str(err).splitlines()[0][:200]}",
-            "Lower --hidden-size, --embedding-size or --layers.",
-            exits=1,
-        )
+
     if is_main:
         if result.losses:
             loss = result.losses[-1][1]
