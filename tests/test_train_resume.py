@@ -834,6 +834,29 @@ def test_resume_of_a_run_stopped_by_patience(setup, capsys, tmp_path):
     assert read_training_state(out)["step"] > state["step"]
 
 
+def test_resume_on_another_corpus_of_the_same_size_says_so(setup, copied, capsys, tmp_path):
+    """The state's check against the corpus counts examples only: another corpus of
+    as many docs was resumed on silently, from the saved position in the old one's
+    order. The state records the corpus's fingerprint now, and a resume on another
+    says so; on the same corpus nothing is said. A fingerprint that is not a SHA-256 in
+    the state is refused."""
+    out, path, state = copied
+    assert isinstance(state["corpus"], str) and len(state["corpus"]) == 64
+    capsys.readouterr()
+    run(setup, out, resume=True, **{"training.max_epochs": 3})
+    assert "not the one the saved run trained on" not in capsys.readouterr().out
+    other = tmp_path / "other.spacy"
+    synthetic.write_ner_corpus(other, 8, seed=43)
+    run(setup, out, resume=True, **{"training.max_epochs": 4, "paths.train": str(other)})
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The training corpus ([corpora.train]" in text
+    assert "is not the one the saved run trained on" in text
+    state = srsly.read_json(path)
+    srsly.write_json(path, dict(state, corpus="abc"))
+    message = resume_fails(setup, out, capsys, **{"training.max_epochs": 5})
+    assert "corpus must be a SHA-256 in hex or null" in message
+
+
 def test_resume_with_another_seed_says_it_changes_nothing(setup, copied, capsys):
     """A resumed run restores the saved run's random states, so a changed training.seed
     has no effect: it was accepted without a word. Now it is said; the same seed is

@@ -131,6 +131,22 @@ def _corpus_name(corpus, config: Optional[Dict[str, Any]], dotted: str) -> str:
     return f"[{dotted}]" + (f" ({', '.join(details)})" if details else "")
 
 
+def _corpus_fingerprint(corpus) -> Optional[str]:
+    """The training corpus's files by name, size and contents (samples of 64 KB at the
+    start, middle and end of a file over 512 KB: `path_fingerprint`), for a resume on
+    another corpus; None where the reader reads no path on disk."""
+    from ..corpus.sources import path_fingerprint
+
+    path = getattr(corpus, "path", None)
+    paths = list(path) if isinstance(path, (list, tuple)) else [path]
+    if not paths or not all(isinstance(p, (str, Path)) and Path(p).exists() for p in paths):
+        return None
+    try:
+        return path_fingerprint(paths, sample_bytes=1 << 16)
+    except OSError:
+        return None
+
+
 class RankBatches:
     """The batches of this rank, epoch by epoch, as spaCy's `create_train_batches`
     makes them from this rank's share of the corpus; an epoch can be replayed from its
@@ -574,6 +590,9 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
     seed = state.get("seed")
     if seed is not None and type(seed) is not int:
         fail("seed", seed, "a whole number or null (the run's training.seed)")
+    corpus = state.get("corpus")
+    if corpus is not None and not (isinstance(corpus, str) and len(corpus) == 64):
+        fail("corpus", corpus, "a SHA-256 in hex or null (the training corpus's fingerprint)")
     step = state["step"]
     if not _is_count(step):
         fail("step", step, "a whole number >= 0 (the last step trained)")
@@ -936,6 +955,7 @@ def train(
         nlp, dev_corpus, score_weights, ctx, _corpus_name(dev_corpus, config, T["dev_corpus"])
     )
 
+    corpus_fp = _corpus_fingerprint(train_corpus) if ctx.is_main else None
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
     skip_batches = skip_examples = 0
@@ -966,6 +986,19 @@ def train(
                     "a resumed run restores the saved run's random states, so it goes on "
                     "as that run would, and the new seed changes nothing. Train again "
                     "without --resume (into another --output folder) to use it."
+                )
+                + "\n"
+            )
+        saved_corpus = resume.get("corpus")  # states before 0.2 have none
+        if ctx.is_main and None not in (saved_corpus, corpus_fp) and saved_corpus != corpus_fp:
+            stdout.write(
+                msg.warn(
+                    f"The training corpus ({batches.name}) is not the one the saved run "
+                    "trained on: a file was added, removed or changed since. The run "
+                    "resumes at the saved position in the epoch, which was a position in "
+                    "the old corpus, so it goes on with other examples than the saved run "
+                    "would have. Resume on the same corpus, or train again without --resume "
+                    "(into another --output folder)."
                 )
                 + "\n"
             )
@@ -1053,6 +1086,7 @@ def train(
                 "losses": {name: float(value) for name, value in since_eval.items()},
                 "grad_scalers": grad_scaler_states(scalers),
                 "seed": T["seed"],
+                "corpus": corpus_fp,
             }
             save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
 
