@@ -955,7 +955,9 @@ def train(
         nlp, dev_corpus, score_weights, ctx, _corpus_name(dev_corpus, config, T["dev_corpus"])
     )
 
-    corpus_fp = _corpus_fingerprint(train_corpus) if ctx.is_main else None
+    # For the saved state and a resume's comparison only (it reads the corpus's files).
+    wants_fp = ctx.is_main and (output_path is not None or resume is not None)
+    corpus_fp = _corpus_fingerprint(train_corpus) if wants_fp else None
     step, epoch, results, words_seen, seconds_before = 0, 0, [], 0, 0.0
     done_step = -1  # the last step whose update every rank has made
     skip_batches = skip_examples = 0

@@ -541,18 +541,15 @@ class _ListenerRelay:
                 self.called[owner].append(record["called"])
                 if record["called"] or not relay:
                     continue
-                outputs = record["outputs"]
-                if all(hasattr(out, "shape") and not out.shape[0] for out in outputs):
-                    # Only empty docs: tok2vec hands out arrays of no rows, and its
-                    # backward pass on them fails (thinc's maxout); there is nothing to
-                    # pass back, as in `nlp.update`.
-                    continue
-                zeros = _zero_gradient(outputs, listener.ops.xp)
+                zeros = _zero_gradient(record["outputs"], listener.ops.xp)
                 if zeros is None:
                     self.called[owner][-1] = None  # type: ignore[call-overload]
                     continue
-                if not zeros and not any(hasattr(out, "shape") for out in outputs):
-                    continue  # only empty docs: the producer has no outputs to pass back to
+                if all(hasattr(z, "shape") and not z.shape[0] for z in zeros):
+                    # Only empty docs (or none): nothing to pass back, as in `nlp.update`.
+                    # tok2vec's gradient is then arrays of no rows, on which its backward
+                    # pass fails (thinc's maxout); spacy-transformers' is an empty list.
+                    continue
                 record["backprop"](zeros)
                 # As spacy-transformers' listener does after its backprop: let go of
                 # the micro-batch's outputs and callback.
