@@ -12,12 +12,16 @@ from typing import List
 import typer
 from wasabi import msg
 
+from spacy_lean.cli.train import parse_gpu_ids
+
 
 def _gpu_ids(value: str) -> List[int]:
+    """The GPU ids as `spacy lean train --gpu-ids` reads them (so '-1,1' is refused
+    here as it is there, not taken for GPU 1)."""
     try:
-        return [int(part) for part in value.replace(" ", "").split(",") if part]
-    except ValueError:
-        msg.fail(f"--gpu-ids must be GPU numbers separated by commas, got '{value}'", exits=1)
+        return parse_gpu_ids(value)
+    except ValueError as err:
+        msg.fail(str(err), exits=1)
 
 
 def main(
@@ -29,7 +33,7 @@ def main(
     flag = mixed_precision.strip().lower()
     if flag not in ("true", "false"):
         msg.fail(f"--vars.mixed_precision must be true or false, got '{mixed_precision}'", exits=1)
-    if flag == "true" and not any(i >= 0 for i in _gpu_ids(gpu_ids)):
+    if flag == "true" and not _gpu_ids(gpu_ids):
         example = "0" if var == "gpu_id" else "0,1"
         msg.fail(
             "--vars.mixed_precision true needs a GPU (float16 and gradient scaling run on "
