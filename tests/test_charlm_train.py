@@ -167,6 +167,26 @@ def test_dev_text_is_evaluated_at_checkpoints_and_best_model_kept(text_file, tmp
     assert abs(direct - losses[-1]) < 0.05
 
 
+def test_an_empty_dev_text_is_named_as_the_dev_text(text_file, tmp_path):
+    """An empty --dev file was reported as "The text is empty ... give text files with
+    the training text", and an empty --dev folder as "No text files found", naming
+    neither --dev nor the dev text."""
+    empty = tmp_path / "dev.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError) as err:
+        train_charlm([text_file], tmp_path / "a", max_steps=1, dev_texts=[empty], **TINY)
+    assert "The dev text (--dev) is empty: " in str(err.value)
+    assert "give text files with the dev text (--dev)" in str(err.value)
+    folder = tmp_path / "dev"
+    folder.mkdir()
+    with pytest.raises(ValueError) as err:
+        train_charlm([text_file], tmp_path / "b", max_steps=1, dev_texts=[folder], **TINY)
+    assert "No files of the dev text (--dev) found in: " in str(err.value)
+    # The training text's own messages still name the training text.
+    with pytest.raises(ValueError, match="The training text is empty"):
+        train_charlm([empty], tmp_path / "c", max_steps=1, **TINY)
+
+
 def test_given_dictionary_is_used(text_file, tmp_path):
     dictionary = CharDictionary(["<unk>"] + [chr(c) for c in range(32, 127)] + ["\n"])
     result = train_charlm([text_file], tmp_path, max_steps=5, dictionary=dictionary, **TINY)

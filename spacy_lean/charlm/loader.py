@@ -118,8 +118,9 @@ def iter_text_chunks(
             yield document_delimiter
 
 
-def expand_paths(paths: Sequence[PathLike]) -> List[Path]:
-    """Files to read: each path itself, or a directory's files in sorted order."""
+def expand_paths(paths: Sequence[PathLike], what: str = "text") -> List[Path]:
+    """Files to read: each path itself, or a directory's files in sorted order. `what`
+    names the text in the messages (e.g. "dev text (--dev)")."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: List[Path] = []
@@ -130,9 +131,11 @@ def expand_paths(paths: Sequence[PathLike]) -> List[Path]:
         elif path.exists():
             files.append(path)
         else:
-            raise FileNotFoundError(f"Text file not found: {path}")
+            raise FileNotFoundError(f"{what[0].upper() + what[1:]} file not found: {path}")
     if not files:
-        raise ValueError(f"No text files found in: {', '.join(str(p) for p in paths)}")
+        raise ValueError(
+            f"No files of the {what} found in: {', '.join(str(p) for p in paths)} (an empty folder)."
+        )
     return files
 
 
@@ -301,6 +304,7 @@ def encode_texts(
     chunk_size: int = 1 << 20,
     document_delimiter: str = "\n",
     progress: bool = False,
+    what: str = "training text",
 ) -> EncodedText:
     """Encode text files into a memory-mapped id file, one chunk at a time.
 
@@ -313,13 +317,14 @@ def encode_texts(
     chunk_size (int): Bytes read at a time.
     document_delimiter (str): Appended after a file that does not end with it.
     progress (bool): Show a progress bar (bytes read).
+    what (str): What the text is, for the messages (e.g. "dev text (--dev)").
     RETURNS (EncodedText): The memory-mapped ids.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     dtype = id_dtype(len(dictionary))
     encoder = _CharEncoder(dictionary, dtype)
-    files = expand_paths(paths)
+    files = expand_paths(paths, what=what)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -342,8 +347,8 @@ def encode_texts(
     if n_chars == 0:
         tmp_path.unlink()
         raise ValueError(
-            f"The text is empty: {', '.join(str(p) for p in files)} (no characters at all). "
-            "Check the path, or give text files with the training text."
+            f"The {what} is empty: {', '.join(str(p) for p in files)} (no characters at "
+            f"all). Check the path, or give text files with the {what}."
         )
     os.replace(tmp_path, output_dir / IDS_FILE)
     meta = {

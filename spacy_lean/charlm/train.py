@@ -407,7 +407,9 @@ class _Trainer:
         dev = None
         if dev_texts:
             dev_dir = output_dir / DEV_CORPUS_DIR
-            dev = _shared_encoding(dev_texts, dictionary, dev_dir, dist, progress)
+            dev = _shared_encoding(
+                dev_texts, dictionary, dev_dir, dist, progress, what="dev text (--dev)"
+            )
             if len(dev) - 1 < dist.world_size:
                 raise ValueError(
                     f"The dev text ({_names(dev_texts)}: {len(dev)} characters) is too short "
@@ -893,9 +895,15 @@ def _broadcast_json(obj: Any, dist: _Dist) -> Any:
 
 
 def _shared_encoding(
-    texts: Sequence[PathLike], dictionary: CharDictionary, path: Path, dist: _Dist, progress: bool
+    texts: Sequence[PathLike],
+    dictionary: CharDictionary,
+    path: Path,
+    dist: _Dist,
+    progress: bool,
+    what: str = "training text",
 ) -> EncodedText:
-    """Encode the texts once (main worker), unless a matching encoding exists."""
+    """Encode the texts once (main worker), unless a matching encoding exists. `what`
+    names the text in the messages."""
     if dist.is_main:
         reuse = False
         if (path / "ids.json").exists():
@@ -908,7 +916,7 @@ def _shared_encoding(
             except (ValueError, OSError, KeyError):
                 reuse = False
         if not reuse:
-            encode_texts(texts, dictionary, path, progress=progress)
+            encode_texts(texts, dictionary, path, progress=progress, what=what)
     dist.barrier()
     encoded = EncodedText(path)
     if not encoded.matches(dictionary):
