@@ -134,7 +134,8 @@ def expand_paths(paths: Sequence[PathLike], what: str = "text") -> List[Path]:
             raise FileNotFoundError(f"{what[0].upper() + what[1:]} file not found: {path}")
     if not files:
         raise ValueError(
-            f"No files of the {what} found in: {', '.join(str(p) for p in paths)} (an empty folder)."
+            f"No files of the {what} found in: {', '.join(str(p) for p in paths)} "
+            "(an empty folder)."
         )
     return files
 
