@@ -12,11 +12,14 @@ of silently breaking them when it is placed before one of them and nothing sets 
 data again in between (a second transformer before its own listeners does).
 """
 
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy
+import spacy
 import srsly
 from spacy import util
 from spacy.language import Language
@@ -157,9 +160,9 @@ class LeanCleaner:
         )
         self.stats: Dict[str, int] = {}
         self.reset_stats()
-        self._checked: Optional[Tuple[Tuple[str, int], ...]] = None
+        self._checked: Optional[Tuple[Tuple[str, int, Any], ...]] = None
         # The pipeline as `initialize` saw it: checked leniently until it changes.
-        self._initialize_signature: Optional[Tuple[Tuple[str, int], ...]] = None
+        self._initialize_signature: Optional[Tuple[Tuple[str, int, Any], ...]] = None
         self._warned: set = set()
         self._since_empty = 0
         self._since_trim = 0
@@ -256,10 +259,14 @@ class LeanCleaner:
 
     # -- placement -----------------------------------------------------------
 
-    def _pipeline_signature(self) -> Optional[Tuple[Tuple[str, int], ...]]:
+    def _pipeline_signature(self) -> Optional[Tuple[Tuple[str, int, Any], ...]]:
         if self._nlp is None:
             return None
-        return tuple((name, id(proc)) for name, proc in self._nlp.pipeline)
+        # A component's `lean_assigns` (char_lm's `store`) can change in place.
+        return tuple(
+            (name, id(proc), _assigns_key(getattr(proc, "lean_assigns", None)))
+            for name, proc in self._nlp.pipeline
+        )
 
     def check_placement(self) -> None:
         """Raise a ValueError if the cleaner runs before a component that reads what
@@ -281,9 +288,10 @@ class LeanCleaner:
 
     def _check(self, lenient: bool) -> None:
         """The placement check. `lenient` (at `initialize`): disabled components count
-        as components that may run, since spaCy's training disables frozen and sourced
-        components while it initializes the others; disabled readers still do not
-        count, and nothing is warned about."""
+        as producers that may run, since spaCy's training disables its frozen and
+        sourced components while it initializes the others; disabled readers count
+        where they are [training] frozen_components (they run when training
+        evaluates); nothing is warned about."""
         nlp = self._nlp
         assert nlp is not None
         pipeline = list(nlp.pipeline)
@@ -300,16 +308,24 @@ class LeanCleaner:
                 f"{nlp.component_names}. Fix the names or remove them from 'consumers'."
             )
         attrs = self._checked_attrs()
-        enabled_consumers = [c for c in self.cfg["consumers"] if c in names]
+        running = readers = names
+        if lenient:
+            # Disabled producers may run; of disabled readers, the training's frozen
+            # components will (a disabled reader otherwise may stay off for good).
+            running = list(nlp.component_names)
+            frozen = set(nlp.config.get("training", {}).get("frozen_components") or [])
+            readers = [n for n in running if n in names or n in frozen]
+        extra = [c for c in self.cfg["consumers"] if c in readers]
         # Disabled components do not run: a listener map may still name them.
         consumers = [
-            c for c in find_consumers(nlp, attrs, extra=enabled_consumers) if c.component in names
+            c
+            for c in find_consumers(nlp, attrs, extra=extra, names=running)
+            if c.component in readers
         ]
-        running = list(nlp.component_names) if lenient else names
         producers = self._producers(running, attrs)
         unmet = unmet_consumers(nlp, running, running.index(my_name), consumers, producers)
         if unmet:
-            raise ValueError(self._misplaced_message(my_name, names, unmet, consumers))
+            raise ValueError(self._misplaced_message(my_name, running, unmet, consumers))
         if lenient:
             return
         if self.cfg["trf_data"] or self.cfg["compact_vectors"]:
@@ -382,8 +398,12 @@ class LeanCleaner:
         # The first place after the last unmet consumer where nothing is unmet.
         target = self._safe_after(my_name, names, consumers, unmet)
         place = f"after '{target}'" if target else "last"
-        how = f"nlp.remove_pipe('{my_name}') then nlp.add_pipe('lean_cleaner', name='{my_name}'" + (
-            f", after='{target}')" if target else ") (it goes last by default)"
+        changed = {k: v for k, v in self.cfg.items() if v != DEFAULT_CLEANER_CONFIG[k]}
+        keep = f", config={changed!r}" if changed else ""
+        how = (
+            f"nlp.remove_pipe('{my_name}') then nlp.add_pipe('lean_cleaner', name='{my_name}'"
+            + keep
+            + (f", after='{target}')" if target else ") (it goes last by default)")
         )
         return (
             f"lean_cleaner '{my_name}' is component {names.index(my_name) + 1} of {len(names)} "
@@ -418,7 +438,7 @@ class LeanCleaner:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, LeanCleanerWarning, stacklevel=3)
+            warnings.warn(message, LeanCleanerWarning, stacklevel=_caller_level())
 
     # -- processing ----------------------------------------------------------
 
@@ -609,9 +629,60 @@ class LeanCleaner:
         util.from_disk(path, deserializers, exclude)
         return self
 
-    def _load_cfg(self, cfg: Dict[str, Any]) -> None:
-        self.cfg = self._validate_cfg(dict(cfg))
+    def _load_cfg(self, saved: Dict[str, Any]) -> None:
+        """Take the settings of the config.cfg being loaded, where it has this
+        component: `Language.from_disk`/`from_bytes` read config.cfg (with a load's
+        overrides) before the components, so a load-time override (`spacy.load(path,
+        config=...)`) or an edited config.cfg is used, as `nlp.config` says. The saved
+        `cfg` file serves where there is no such block (a cleaner used on its own)."""
+        settings = self._loaded_config_settings()
+        self.cfg = self._validate_cfg(dict(saved if settings is None else settings))
         self._checked = None
+
+    def _loaded_config_settings(self) -> Optional[Dict[str, Any]]:
+        """This component's settings in the config its pipeline holds: the config.cfg
+        just read by `from_disk`/`from_bytes`. Read from `Language._config`, not the
+        `config` property, which rebuilds the components' blocks from the settings
+        they were made with."""
+        config = getattr(self._nlp, "_config", None)
+        try:
+            block = config["components"][self.name]
+        except (KeyError, TypeError):
+            return None
+        if not isinstance(block, dict) or block.get("factory") != "lean_cleaner":
+            return None
+        settings = {k: block[k] for k in _CFG_KEYS if k in block}
+        if any(isinstance(v, str) and "${" in v for v in settings.values()):
+            try:  # read with interpolate=False: resolve the variables
+                block = Config(config).interpolate()["components"][self.name]
+            except Exception:  # noqa: BLE001 - unresolvable: the saved settings
+                return None
+            settings = {k: block[k] for k in _CFG_KEYS if k in block}
+        return settings
+
+
+def _assigns_key(declared: Any) -> Any:
+    """A hashable form of a component's `lean_assigns` (None where it has none)."""
+    if isinstance(declared, (list, tuple)):
+        return tuple(str(a) for a in declared)
+    return None
+
+
+_INTERNAL_DIRS = tuple(
+    str(Path(module.__file__).parent) + os.sep for module in (spacy, sys.modules[__package__])
+)
+
+
+def _caller_level() -> int:
+    """The `stacklevel` that points a warning at the first frame outside spaCy and
+    spacy-lean (the user's `nlp(...)`, `nlp.pipe`, `nlp.initialize` call), counted
+    from the caller of this function's caller (`warnings.warn`'s caller)."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _token_rows(data: Any) -> Optional[Tuple[Any, Any]]:

@@ -129,20 +129,28 @@ def find_producers(
 
 
 def find_consumers(
-    nlp: Language, attrs: Iterable[str], extra: Sequence[str] = ()
+    nlp: Language,
+    attrs: Iterable[str],
+    extra: Sequence[str] = (),
+    names: Optional[Sequence[str]] = None,
 ) -> List[Consumer]:
-    """Find the enabled components that read any of `attrs` when they predict.
+    """Find the components that read any of `attrs` when they predict.
 
     nlp (Language): the pipeline.
     attrs (Iterable[str]): attributes such as "doc._.trf_data", "doc.tensor".
     extra (Sequence[str]): component names the user says read the data.
+    names (Optional[Sequence[str]]): the components to look at, in pipeline order;
+        None for the enabled ones (`nlp.pipe_names`).
     RETURNS (List[Consumer]): one entry per (component, attribute, upstream), in
         pipeline order.
     """
     attrs = list(attrs)
     wanted = set(attrs)
-    pipeline: List[Tuple[str, Any]] = list(nlp.pipeline)
-    producers = find_producers(nlp, attrs)
+    if names is None:
+        pipeline: List[Tuple[str, Any]] = list(nlp.pipeline)
+    else:
+        pipeline = [(name, nlp.get_pipe(name)) for name in names]
+    producers = find_producers(nlp, attrs, names=[name for name, _ in pipeline])
     producer_attrs: Dict[str, List[str]] = {}
     for attr, names in producers.items():
         for name in names:

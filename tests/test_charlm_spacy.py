@@ -561,6 +561,25 @@ def test_the_cleaner_knows_where_char_lm_stores(lm_paths, docs, store):
             nlp.initialize()
 
 
+def test_the_cleaner_checks_again_when_char_lm_changes_its_store(lm_paths, docs):
+    """Setting `store` on a running char_lm changes what it sets (`lean_assigns`) but
+    not the pipeline: the cleaner's cached check let a doc.tensor reader after it read
+    an empty tensor, with nothing said. It checks again now."""
+    model = {"forward_lm": str(lm_paths["forward"]), "backward_lm": None}
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("lean_cleaner")
+    nlp.add_pipe("char_lm", config={"store": "tensor", "model": model})
+    nlp.add_pipe("charlm_test_tensor_reader")
+    nlp.initialize()
+    assert nlp(docs[0]).tensor.shape[0] == len(docs[0])
+    nlp.get_pipe("char_lm").store = "charlm_test_vecs"
+    with pytest.raises(ValueError, match="'charlm_test_tensor_reader' runs after it"):
+        nlp(docs[0])
+    nlp.get_pipe("char_lm").store = "tensor"
+    assert nlp(docs[0]).tensor.shape[0] == len(docs[0])
+
+
 def test_the_cleaner_sees_a_second_char_lm_set_the_extension_again(lm_paths, docs):
     """char_lm(ext), cleaner releasing ext, char_lm(ext) again, a reader of ext: the
     second char_lm sets it again, so the placement is accepted (it was refused: no

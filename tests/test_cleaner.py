@@ -136,6 +136,25 @@ def test_placement_before_listener_raises(trf_ner_nlp):
     assert trf_ner_nlp("Ada Lindqvist visited Veldmark .")._.trf_data is None
 
 
+def test_the_placement_fix_keeps_the_settings_and_the_warning_points_at_the_caller(trf_ner_nlp):
+    """The suggested `add_pipe` left the cleaner's settings out, so following it
+    dropped them; and the cleaner's warnings named a line of cleaner.py, not the
+    user's call."""
+    settings = {"compact_vectors": "float16", "trim_memory_every": 0}
+    trf_ner_nlp.add_pipe("lean_cleaner", before="ner", config=settings)
+    with pytest.raises(ValueError) as err:
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    fix = f"nlp.add_pipe('lean_cleaner', name='lean_cleaner', config={settings!r})"
+    assert fix in str(err.value)
+    trf_ner_nlp.remove_pipe("lean_cleaner")
+    cleaner = eval(fix.replace("nlp.", "trf_ner_nlp."))
+    assert {k: cleaner.cfg[k] for k in settings} == settings
+    trf_ner_nlp.add_pipe("lean_test_tensor_writer")  # sets doc.tensor after the cleaner
+    with pytest.warns(LeanCleanerWarning, match="that data stays on the docs") as record:
+        trf_ner_nlp("Ada Lindqvist visited Veldmark .")
+    assert record[0].filename == __file__
+
+
 def test_placement_in_config_raises(trf_ner_dir):
     nlp = spacy.load(trf_ner_dir)
     config = nlp.config.copy()
@@ -403,6 +422,35 @@ def test_to_from_bytes_and_disk(trf_ner_nlp, texts, tmp_path):
     nlp3.from_bytes(trf_ner_nlp.to_bytes())
     assert nlp3.get_pipe("lean_cleaner").cfg == cleaner.cfg
     Doc.remove_extension("lean_test_blob")
+
+
+def test_a_loaded_cleaner_takes_the_settings_of_the_config(trf_ner_nlp, tmp_path):
+    """The saved `cfg` file replaced the settings the cleaner was built with, so a
+    load-time override (`spacy.load(path, config=...)`) did nothing while
+    `nlp.config` said otherwise, and a pipeline saved with a consumer could not be
+    loaded with that consumer excluded, even with `consumers` overridden. The config
+    being loaded wins; a pipeline built first and then filled with `from_disk` still
+    gets the saved settings (they are in the saved config.cfg)."""
+    trf_ner_nlp.add_pipe("lean_test_trf_reader")
+    settings = {"compact_vectors": "float16", "consumers": ["lean_test_trf_reader"]}
+    trf_ner_nlp.add_pipe("lean_cleaner", config=settings)
+    trf_ner_nlp.to_disk(tmp_path / "model")
+    text = "Ada Lindqvist visited Veldmark ."
+    override = {"components": {"lean_cleaner": {"compact_vectors": None, "consumers": []}}}
+    nlp = spacy.load(tmp_path / "model", config=override)
+    cleaner = nlp.get_pipe("lean_cleaner")
+    assert cleaner.cfg["compact_vectors"] is None and cleaner.cfg["consumers"] == []
+    assert nlp.config["components"]["lean_cleaner"]["compact_vectors"] is None
+    assert nlp(text).tensor.size == 0
+    nlp = spacy.load(tmp_path / "model", exclude=["lean_test_trf_reader"], config=override)
+    assert nlp(text)._.trf_data is None
+    with pytest.raises(ValueError, match="'consumers' names \\['lean_test_trf_reader'\\]"):
+        spacy.load(tmp_path / "model", exclude=["lean_test_trf_reader"])(text)
+    # Built with the defaults, then filled from disk: the saved settings.
+    nlp = spacy.load(tmp_path / "model", config=override)
+    nlp.from_disk(tmp_path / "model")
+    assert nlp.get_pipe("lean_cleaner").cfg["compact_vectors"] == "float16"
+    assert nlp(text).tensor.dtype == numpy.float16
 
 
 def test_from_bytes_rejects_bad_cfg():
@@ -869,6 +917,36 @@ def test_training_initialize_with_a_frozen_sourced_tok2vec_after_the_cleaner(tmp
     assert doc.tensor.size == 0
     with nlp.select_pipes(disable=["lean_cleaner", "lean_cleaner_end"]):
         assert _tags([nlp(SENTENCE)]) == _tags([doc])
+
+
+def test_training_initialize_refuses_a_frozen_reader_after_the_cleaner(tmp_path):
+    """`spacy train` initializes with its frozen components disabled, and the check
+    at initialize left disabled readers out: a frozen tagger reading the tok2vec's
+    doc.tensor after the cleaner passed initialize, and training failed at its first
+    evaluation. A frozen reader counts now: refused before training starts."""
+    from spacy.training.initialize import init_nlp
+
+    source = spacy.blank("en")
+    source.add_pipe("tok2vec")
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    source.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    _two_block_source_and_corpus(tmp_path, TAGS, "tags.spacy")
+    examples = [Example.from_dict(source.make_doc(SENTENCE), TAGS)]
+    source.initialize(lambda: examples)
+    source.to_disk(tmp_path / "frozen_source")
+    config = spacy.util.load_config_from_str(TWO_BLOCK_TRAINING_CONFIG)
+    config["nlp"]["pipeline"] = ["tok2vec", "lean_cleaner", "tagger", "tok2vec2", "tagger2"]
+    for name in ("tok2vec", "tagger"):
+        config["components"][name] = {"source": str(tmp_path / "frozen_source")}
+    del config["components"]["lean_cleaner_end"]
+    config["components"]["tok2vec2"]["source"] = str(tmp_path / "source")
+    config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "tags.spacy")
+    config["training"]["frozen_components"] = ["tok2vec", "tagger", "tok2vec2"]
+    config["training"]["annotating_components"] = ["tok2vec2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # spaCy's W086/W087 on sourced listeners
+        with pytest.raises(ValueError, match="'tagger' runs after it and reads doc.tensor"):
+            init_nlp(config)
 
 
 def test_training_initialize_with_a_frozen_sourced_tok2vec_before_a_ner(tmp_path):
