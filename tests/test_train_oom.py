@@ -1297,3 +1297,129 @@ def test_a_wordpiece_tokenizer_that_does_not_load_fails_when_the_config_is_resol
     cfg = {"cb": {"@callbacks": CALLBACK_NAME, "wordpiece_tokenizer": str(tmp_path / "none")}}
     with pytest.raises(ValueError, match="Could not load a tokenizer from"):
         registry.resolve(cfg)
+
+
+def _linker_pipeline():
+    """tok2vec shared by a tagger and an entity_linker (last listener, gold entities).
+    The KB knows Q1-Q3; "Ada Lovelace" and "London" are aliases, "Zed Quux" (Q3) is
+    not, so a doc of only "Zed Quux" has a linked entity but no candidate. One
+    optimizer step taken (the tagger's softmax starts at zero)."""
+    from spacy.kb import InMemoryLookupKB
+
+    def create_kb(vocab):
+        kb = InMemoryLookupKB(vocab, entity_vector_length=4)
+        for i, vector in enumerate(([1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0])):
+            kb.add_entity(entity=f"Q{i + 1}", freq=10, entity_vector=vector)
+        kb.add_alias(alias="Ada Lovelace", entities=["Q1", "Q2"], probabilities=[0.6, 0.3])
+        kb.add_alias(alias="London", entities=["Q2"], probabilities=[0.9])
+        return kb
+
+    fix_random_seed(0)
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    nlp.add_pipe("sentencizer")
+    nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
+    model = {"@architectures": "spacy.EntityLinker.v2", "nO": None, "tok2vec": listener}
+    linker = nlp.add_pipe("entity_linker", config={"incl_prior": False, "model": model})
+    linker.set_kb(create_kb)
+    texts = [
+        ("Ada Lovelace met a friend in London .", [(0, 2, "Q1"), (6, 7, "Q2")]),
+        ("They saw Ada Lovelace again .", [(2, 4, "Q2")]),
+        ("Rain fell on London all day .", [(3, 4, "Q2")]),
+        ("Ada Lovelace wrote notes on London and Ada Lovelace .", [(0, 2, "Q1"), (5, 6, "Q2")]),
+        ("Zed Quux waved .", [(0, 2, "Q3")]),
+        ("Zed Quux sang .", [(0, 2, "Q3")]),
+    ]
+    examples = []
+    for text, ents in texts:
+        doc = nlp.make_doc(text)
+        tags = ["N" if t.is_alpha else "P" for t in doc]
+        ref = Example.from_dict(doc, {"tags": tags}).reference
+        ref.ents = [Span(ref, s, e, label="PERSON", kb_id=kb) for s, e, kb in ents]
+        examples.append(Example(nlp.make_doc(text), ref))
+    optimizer = nlp.initialize(lambda: examples)
+    nlp.update(examples, sgd=optimizer)
+    return nlp, examples
+
+
+def test_an_entity_linker_split_gives_the_whole_batch_update_and_loss():
+    """entity_linker's loss is a mean over the batch's linked entities: summed over
+    micro-batches it was over-reported (up to the number of micro-batches times). And a
+    micro-batch whose linked entities have no KB candidate ("Zed Quux", no alias) was
+    skipped, where the whole batch (which has candidates) learns from them: its
+    gradients were lost from the linker and, relayed as zeros, from the tok2vec."""
+    whole, examples = _linker_pipeline()
+    expected_losses = lean_update(whole, examples)
+    expected = arrays(whole, grads=True)
+    assert expected_losses["entity_linker"] > 0
+    split, examples = _linker_pipeline()
+    policy = UpdatePolicy(max_padded_tokens=12)  # the two "Zed Quux" docs together
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        losses = lean_update(split, examples, policy=policy)
+    assert not [str(w.message) for w in record if "not checked" in str(w.message)]
+    assert policy.split_batches == 1 and policy.micro_batches >= 3
+    assert_same_losses(losses, expected_losses)
+    assert_same(arrays(split, grads=True), expected, "split grad")
+    linker = split.get_pipe("entity_linker")
+    assert "batch_has_learnable_example" not in vars(linker)  # restored
+    # Without candidates anywhere, the whole batch is no update of the linker, and nor
+    # is a split of it (the tagger's gradients are kept: the relay's zero gradient).
+    split, examples = _linker_pipeline()
+    lean_update(split, examples[4:], policy=UpdatePolicy(max_padded_tokens=4))
+    whole, examples = _linker_pipeline()
+    lean_update(whole, examples[4:])
+    assert_same(arrays(split, grads=True), arrays(whole, grads=True), "no-candidates grad")
+    linker = split.get_pipe("entity_linker").model
+    grads = [n.get_grad(p) for n in linker.walk() for p in n.param_names if n.has_grad(p)]
+    assert grads and not any(g.any() for g in grads)
+
+
+def test_an_entity_linker_loss_over_ranks_is_weighted_by_their_linked_entities():
+    """Data-parallel training logs the mean of the ranks' entity_linker losses weighted
+    by each rank's linked entities (`_loss_weight`), as one process with every rank's
+    docs logs it; summed, the 2 shares below logged twice it."""
+    from spacy_lean.training.loop import _loss_weight
+
+    whole, examples = _linker_pipeline()
+    expected = lean_update(whole, examples)["entity_linker"]
+    nlp, examples = _linker_pipeline()
+    shares = [examples[:1], examples[1:]]
+    losses = [lean_update(nlp, share)["entity_linker"] for share in shares]
+    weights = [_loss_weight(nlp, "entity_linker", "entities", share) for share in shares]
+    assert weights == [2.0, 6.0]
+    assert sum(losses) > 1.9 * expected
+    assert sum(a * w for a, w in zip(losses, weights)) / sum(weights) == pytest.approx(expected)
+    assert _loss_weight(nlp, "entity_linker", "entities", None) == 0.0
+    assert _loss_weight(nlp, "tagger", None, shares[0]) == 1.0
+    assert _loss_weight(nlp, "textcat", "mean", shares[1]) == 5.0
+
+
+def test_an_entity_linker_share_without_candidates_learns_as_the_whole_step():
+    """A data-parallel rank's share whose linked entities have no KB candidate was
+    skipped by the entity_linker, where one process with every rank's docs learns from
+    it. The ranks now share whether the step's linkers learn (`linker_learns`, reduced
+    with the step's batch flag) and a rank learns from its linked entities where some
+    rank has a candidate: 2 shares add up to the whole batch's gradients."""
+    from spacy_lean.training import update as update_module
+
+    whole, examples = _linker_pipeline()
+    lean_update(whole, examples)
+    expected = arrays(whole, grads=True)
+    nlp, examples = _linker_pipeline()
+    linker = nlp.get_pipe("entity_linker")
+    shares = [examples[:4], examples[4:]]
+    flags = [update_module.linker_learns(linker, share) for share in shares]
+    assert flags == [True, False]
+    for share in shares:
+        with update_module.linkers_learn_linked_entities([linker] if any(flags) else []):
+            lean_update(nlp, share)
+    assert "batch_has_learnable_example" not in vars(linker)
+    assert_same(arrays(nlp, grads=True), expected, "two shares grad")
+    # Without it, the second share is skipped (the first share's gradients only).
+    alone, examples = _linker_pipeline()
+    for share in (examples[:4], examples[4:]):
+        lean_update(alone, share)
+    with pytest.raises(AssertionError):
+        assert_same(arrays(alone, grads=True), expected, "skipped share")

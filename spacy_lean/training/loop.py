@@ -35,8 +35,10 @@ from typing import (
 import numpy
 from spacy.errors import Errors
 from spacy.language import Language
+from spacy.pipeline import EntityLinker
 from spacy.pipeline.transition_parser import Parser
 from spacy.schemas import ConfigSchemaTraining
+from spacy.training import Example
 from spacy.training.loop import (
     DIR_MODEL_BEST,
     DIR_MODEL_LAST,
@@ -65,7 +67,14 @@ from .dist import (
 )
 from .callbacks import get_update_policy
 from .stopping import StopRequest, TrainingStopped
-from .update import UpdatePolicy, lean_update, loss_reduction
+from .update import (
+    UpdatePolicy,
+    lean_update,
+    linked_entities,
+    linker_learns,
+    linkers_learn_linked_entities,
+    loss_reduction,
+)
 
 DIR_STATE = "training-state"
 STATE_FILE = "state.json"
@@ -738,6 +747,21 @@ def _parser_labels(nlp: Language, frozen: Iterable[str]) -> Dict[str, List[str]]
     }
 
 
+def _loss_weight(
+    nlp: Language, name: str, reduction: Optional[str], batch: Optional[List[Example]]
+) -> float:
+    """What a rank's loss of component `name` is a mean over, for the mean over every
+    rank's (`reduction`: "mean", its docs; "entities", an entity_linker's linked
+    entities, counted after the update as its loss counted them); 1 for a sum."""
+    if reduction is None:
+        return 1.0
+    if not batch:
+        return 0.0
+    if reduction == "entities":
+        return float(linked_entities(nlp.get_pipe(name), batch))
+    return float(len(batch))
+
+
 def _new_labels(nlp: Language, before: Dict[str, List[str]]) -> Dict[str, List[str]]:
     new = {name: sorted(set(nlp.get_pipe(name).labels) - set(old)) for name, old in before.items()}
     return {name: labels for name, labels in new.items() if labels}
@@ -934,12 +958,29 @@ def train(
     reducer.broadcast_values(0)  # identical start, whatever each rank's init did
     loss_names = list(nlp.pipe_names)
     # A loss that is a mean over the batch's docs (textcat's) is the mean over every
-    # rank's docs: each rank's is weighted by its share of the step's docs. (Summed, it
+    # rank's docs: each rank's is weighted by its share of the step's docs; one that is
+    # a mean over linked entities (entity_linker's), by its share of those. (Summed, it
     # was N times one process's on N ranks.) One process keeps its own value, as stock.
+    # Entity linkers whose whole-step decision to learn is shared among the ranks (a
+    # rank's share with linked entities but no candidate is skipped otherwise, where
+    # one process learns from it). One subbatch at a time with accumulate_gradient.
+    linkers = (
+        [
+            proc
+            for name, proc in nlp.pipeline
+            if name not in frozen and isinstance(proc, EntityLinker) and proc.use_gold_ents
+        ]
+        if ctx.world_size > 1 and T["accumulate_gradient"] == 1
+        else []
+    )
     mean_losses = (
-        {name for name, proc in nlp.pipeline if loss_reduction(proc) == "mean"}
+        {
+            name: how
+            for name, proc in nlp.pipeline
+            if (how := loss_reduction(proc)) in ("mean", "entities")
+        }
         if ctx.world_size > 1
-        else set()
+        else {}
     )
     trainable = trainable_components(nlp, exclude=frozen)
     scalers = grad_scalers(nlp, exclude=frozen)  # mixed precision: steps skipped together
@@ -1167,7 +1208,14 @@ def train(
         try:
             while True:
                 batch = next(batch_iter, None)
-                n_with_batch = ctx.all_reduce_sum([batch is not None])[0]
+                # Whether each entity_linker (with gold entities) learns from the whole
+                # step's batch, as one process would: it does where some rank's share
+                # has a KB candidate; then every rank's linked entities count.
+                reduced = ctx.all_reduce_sum(
+                    [batch is not None] + [linker_learns(proc, batch) for proc in linkers]
+                )
+                n_with_batch = reduced[0]
+                learners = [proc for proc, n in zip(linkers, reduced[1:]) if n > 0]
                 if n_with_batch == 0:
                     if steps_this_epoch == 0:
                         raise ValueError(Errors.E986)
@@ -1187,28 +1235,28 @@ def train(
                 words = 0
                 if batch is not None:
                     for subbatch in subdivide_batch(batch, T["accumulate_gradient"]):
-                        lean_update(
-                            nlp,
-                            subbatch,
-                            drop=dropout,
-                            losses=step_losses,
-                            exclude=frozen,
-                            annotates=annotating,
-                            policy=policy,
-                        )
+                        with linkers_learn_linked_entities(learners):
+                            lean_update(
+                                nlp,
+                                subbatch,
+                                drop=dropout,
+                                losses=step_losses,
+                                exclude=frozen,
+                                annotates=annotating,
+                                policy=policy,
+                            )
                     words = sum(len(eg) for eg in batch)
                 # Losses under names that are no pipe's name (a component may report
                 # several): their names can differ per rank, so they are gathered as JSON
                 # after the all-reduce, in a step where some rank has one (a flag says so).
                 other_losses = {k: v for k, v in step_losses.items() if k not in loss_names}
-                n_docs = len(batch) if batch is not None else 0
+                weights = [
+                    _loss_weight(nlp, name, mean_losses.get(name), batch) for name in loss_names
+                ]
                 extras = [words, 1.0 if other_losses else 0.0]
                 extras += [1.0 if name in step_losses else 0.0 for name in loss_names]
-                extras += [
-                    step_losses.get(name, 0.0) * (n_docs if name in mean_losses else 1)
-                    for name in loss_names
-                ]
-                extras.append(n_docs)
+                extras += [step_losses.get(name, 0.0) * w for name, w in zip(loss_names, weights)]
+                extras += weights
                 # A parser or ner that met a new label replaced its output layer: the
                 # parameter list must be collected again (one process), or the ranks
                 # would hold different layers (several: refused).
@@ -1245,12 +1293,11 @@ def train(
                 done_step = step
                 words_seen += int(round(summed[0]))
                 n = len(loss_names)
-                step_docs = summed[2 + 2 * n]
                 for i, name in enumerate(loss_names):
                     if summed[2 + i] > 0:
                         value = float(summed[2 + n + i])
-                        if name in mean_losses and step_docs > 0:
-                            value /= step_docs
+                        if name in mean_losses and summed[2 + 2 * n + i] > 0:
+                            value /= float(summed[2 + 2 * n + i])
                         losses[name] = losses.get(name, 0.0) + value
                 for name, value in other_losses.items():  # summed over the ranks
                     losses[name] = losses.get(name, 0.0) + value

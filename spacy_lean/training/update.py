@@ -19,7 +19,12 @@ trainable_lemmatizer: `SequenceCategoricalCrossentropy(normalize=False)`; spanca
 textcat, textcat_multilabel: `scores - truths`; tok2vec and transformer: the sum of
 their listeners' gradients). So no gradient needs rescaling. The reported loss of
 textcat and textcat_multilabel is a mean over the batch (`(d_scores**2).mean()`); its
-micro-batch losses are weighted by their share of the batch, every other loss is summed.
+micro-batch losses are weighted by their share of the batch. entity_linker's gradient is
+a sum too (`CosineDistance(normalize=False)`), its loss a mean over the batch's linked
+entities: its micro-batch losses are weighted by their share of those; and where the
+whole batch has a linkable entity (`use_gold_ents`), a micro-batch with linked entities
+but no candidate is updated as it is within the whole batch, not skipped. Every other
+loss is summed.
 The parser's table of unseen classes (which masks scores during an update) is restored
 before each micro-batch and merged afterwards, as the whole batch would have left it.
 A ner or parser skips a (micro-)batch without its annotation; where it is the last
@@ -39,14 +44,15 @@ import gc
 import math
 import sys
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy
 from spacy.language import Language
 from spacy.pipeline import (
     EditTreeLemmatizer,
+    EntityLinker,
     Morphologizer,
     SentenceRecognizer,
     SpanCategorizer,
@@ -431,13 +437,63 @@ def loss_reduction(proc: Any) -> Optional[str]:
         return None  # beam search: see _loss_weights
     if isinstance(proc, _CHECKED_MEAN):
         return "mean"
+    if isinstance(proc, EntityLinker):
+        return "entities"  # a mean over the linked entities: see linked_entities
     if isinstance(proc, _CHECKED_SUM):
         return "sum"
     return None
 
 
+def linked_entities(proc: EntityLinker, examples: Sequence[Example]) -> int:
+    """How many entities an entity_linker's loss of these examples is a mean over, as
+    its `get_loss` counts them: predicted entities (gold ones with `use_gold_ents`)
+    that match a gold entity with a KB id."""
+    n = 0
+    for eg in proc._ensure_ents(examples):
+        kb_ids = eg.get_aligned("ENT_KB_ID", as_string=True)
+        n += sum(1 for ent in eg.get_matching_ents() if kb_ids[ent.start])
+    return n
+
+
+def linker_learns(proc: Any, examples: Sequence[Example]) -> bool:
+    """Whether an entity_linker with `use_gold_ents` learns from these examples (some
+    gold entity has a KB candidate): known before the update. False for any other
+    component, and for a linker whose entities come from annotating components."""
+    if not isinstance(proc, EntityLinker) or not proc.use_gold_ents or not examples:
+        return False
+    return bool(proc.batch_has_learnable_example(proc._ensure_ents(examples)))
+
+
+@contextmanager
+def linkers_learn_linked_entities(linkers: Iterable[EntityLinker]) -> Iterator[None]:
+    """An entity_linker skips a batch with no entity that has a KB candidate, but a
+    batch that has one learns from every linked entity in it, candidates or not. So a
+    micro-batch (or a rank's share) of the latter kind whose entities have none (a KB
+    id whose entity text is no alias) was skipped, where the whole batch learned from
+    it. Within this context, these linkers (those that `linker_learns` from the whole
+    batch) learn from a micro-batch with a linked entity, as the whole batch does."""
+    patched = []
+    for proc in linkers:
+        own = proc.batch_has_learnable_example
+
+        def learnable(batch: Sequence[Example], own: Callable = own, proc=proc) -> bool:
+            return own(batch) or linked_entities(proc, batch) > 0
+
+        patched.append((proc, "batch_has_learnable_example" in vars(proc), own))
+        proc.batch_has_learnable_example = learnable
+    try:
+        yield
+    finally:
+        for proc, was_set, own in reversed(patched):
+            if was_set:
+                proc.batch_has_learnable_example = own
+            else:
+                del proc.batch_has_learnable_example
+
+
 def _loss_weights(nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]) -> Dict[str, str]:
-    """How each updated component reduces its loss: "sum" or "mean" (over docs)."""
+    """How each updated component reduces its loss: "sum", "mean" (over docs) or
+    "entities" (entity_linker: a mean over linked entities)."""
     reductions: Dict[str, str] = {}
     excluded = set(exclude)
     for name, proc in nlp.pipeline:
@@ -852,17 +908,30 @@ def _update_groups(
         relay.finish()
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
+    linkers = {name: nlp.get_pipe(name) for name, how in reductions.items() if how == "entities"}
     unseen_after = []
     n = len(examples)
-    for group in groups:
-        part_losses: Dict[str, float] = {}
-        state.restore_unseen()
-        progress["group"] = group
-        part = [examples[i] for i in group]
-        relay.update(lambda: update(nlp, part, sgd=False, losses=part_losses, **kwargs))
-        unseen_after.append(state.read_unseen())
+    parts: List[Tuple[List[int], Dict[str, float], Dict[str, int]]] = []
+    learners = [proc for proc in linkers.values() if linker_learns(proc, examples)]
+    with linkers_learn_linked_entities(learners):
+        for group in groups:
+            part_losses: Dict[str, float] = {}
+            state.restore_unseen()
+            progress["group"] = group
+            part = [examples[i] for i in group]
+            relay.update(lambda: update(nlp, part, sgd=False, losses=part_losses, **kwargs))
+            unseen_after.append(state.read_unseen())
+            # After the update: the entities the linker saw (annotating components').
+            linked = {name: linked_entities(proc, part) for name, proc in linkers.items()}
+            parts.append((group, part_losses, linked))
+    all_linked = {name: sum(linked[name] for _, _, linked in parts) for name in linkers}
+    for group, part_losses, linked in parts:
         for key, value in part_losses.items():
-            weight = len(group) / n if reductions.get(key) == "mean" else 1.0
+            weight = 1.0
+            if reductions.get(key) == "mean":
+                weight = len(group) / n
+            elif key in linkers and all_linked[key]:
+                weight = linked[key] / all_linked[key]
             losses[key] = losses.get(key, 0.0) + weight * value
     state.merge_unseen(unseen_after)
     relay.finish()
