@@ -12,14 +12,11 @@ of silently breaking them when it is placed before one of them and nothing sets 
 data again in between (a second transformer before its own listeners does).
 """
 
-import os
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy
-import spacy
 import srsly
 from spacy import util
 from spacy.language import Language
@@ -29,6 +26,7 @@ from thinc.api import Config
 from thinc.backends import get_array_ops
 from thinc.types import Ragged
 
+from ._warn import caller_stacklevel
 from .consumers import (
     TENSOR,
     TRF_DATA,
@@ -438,7 +436,7 @@ class LeanCleaner:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, LeanCleanerWarning, stacklevel=_caller_level())
+            warnings.warn(message, LeanCleanerWarning, stacklevel=caller_stacklevel())
 
     # -- processing ----------------------------------------------------------
 
@@ -666,23 +664,6 @@ def _assigns_key(declared: Any) -> Any:
     if isinstance(declared, (list, tuple)):
         return tuple(str(a) for a in declared)
     return None
-
-
-_INTERNAL_DIRS = tuple(
-    str(Path(module.__file__).parent) + os.sep for module in (spacy, sys.modules[__package__])
-)
-
-
-def _caller_level() -> int:
-    """The `stacklevel` that points a warning at the first frame outside spaCy and
-    spacy-lean (the user's `nlp(...)`, `nlp.pipe`, `nlp.initialize` call), counted
-    from the caller of this function's caller (`warnings.warn`'s caller)."""
-    frame = sys._getframe(1)  # the function that calls warnings.warn
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _token_rows(data: Any) -> Optional[Tuple[Any, Any]]:

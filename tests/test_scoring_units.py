@@ -16,6 +16,7 @@ from spacy_lean.scoring import (
     CatsState,
     DepsState,
     ScoreState,
+    SpansState,
     TokenAttrState,
     TokenizationState,
     make_pipeline_state,
@@ -196,6 +197,27 @@ def test_merge_refuses_other_kinds():
         TokenizationState().load_dict({"kind": "cats"})
 
 
+def test_states_of_other_settings_are_refused(nlp):
+    """A tag state loaded the counts of a pos state (its tag_acc was pos's), and merged
+    one; a multi-label cats state merged an exclusive one; a spans state loaded
+    another key's counts. The settings that decide what a state counts are checked
+    on merge and load now (docs/scoring.md says so)."""
+    pos = TokenAttrState("pos")
+    pos.update([Example.from_dict(nlp.make_doc("a b"), {"pos": ["NOUN", "VERB"]})])
+    with pytest.raises(ValueError, match="attr 'pos' into a TokenAttrState of attr 'tag'"):
+        TokenAttrState("tag").load_dict(pos.to_dict())
+    with pytest.raises(ValueError, match="attr='pos' into one with attr='tag'"):
+        TokenAttrState("tag").merge(pos)
+    with pytest.raises(ValueError, match="multi_label=False.*multi_label=True"):
+        CatsState(labels=["A"], multi_label=True).merge(CatsState(labels=["A"], multi_label=False))
+    with pytest.raises(ValueError, match="attr 'sents'"):
+        SpansState("spans_sc").load_dict(SpansState("sents").to_dict())
+    with pytest.raises(ValueError, match="allow_overlap"):
+        SpansState("spans_sc").merge(SpansState("spans_sc", allow_overlap=True))
+    merged = TokenAttrState("pos").merge(pos)  # the same settings still merge
+    assert merged.result() == pos.result()
+
+
 # -- custom scorers --------------------------------------------------------------
 
 
@@ -309,6 +331,66 @@ def test_registered_twin_is_used_by_function():
         state = make_pipeline_state(nlp)
     state.update(examples)
     assert state.result()["n_pred_ents"] == 5
+
+
+def test_a_built_in_scorer_name_is_not_trusted_where_another_scorer_runs():
+    """The twin was chosen by the config's `@scorers` name: an entity_ruler whose
+    scorer was replaced (or wrapped by its factory) was scored with the ner twin,
+    giving other keys and numbers than `nlp.evaluate`, with nothing said. A built-in
+    name's twin is used only where spaCy's function runs; otherwise the function
+    decides (here: none, so the exact fallback, with its warning)."""
+
+    def wrapped(examples, **kwargs):
+        from spacy.pipeline.entityruler import entity_ruler_score
+
+        return {**entity_ruler_score(examples, **kwargs), **_count_ents(examples)}
+
+    nlp, examples = _ruler_pipeline("spacy.entity_ruler_scorer.v1")
+    nlp.get_pipe("entity_ruler").scorer = wrapped
+    with pytest.warns(UserWarning, match="'entity_ruler'.*no mergeable twin") as record:
+        state = make_pipeline_state(nlp)
+    assert record[0].filename == __file__  # the warning points at the caller
+    assert state.fallbacks == ["entity_ruler"]
+    state.update(examples)
+    got = state.result()
+    got.pop("speed")
+    assert got["n_pred_ents"] == 5
+    assert_scores_equal(Scorer(nlp).score(examples), got)
+    # spaCy's own function under its own name: the twin, no warning.
+    nlp, examples = _ruler_pipeline("spacy.entity_ruler_scorer.v1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make_pipeline_state(nlp).fallbacks == []
+
+
+class _NoneResultState(CountEntsState):
+    kind = "none_result"
+
+    def result(self):
+        return None
+
+
+def test_a_twin_of_the_wrong_type_is_named():
+    """A twin factory returning something else than a ScoreState failed with
+    "'dict' object has no attribute 'prepare'", and a result() of None with
+    "'NoneType' object is not iterable", naming neither the component nor the twin."""
+
+    def returns_dict(**kwargs):
+        return {}
+
+    def my_scorer(examples, **kwargs):
+        return _count_ents(examples)
+
+    nlp, examples = _ruler_pipeline("spacy_lean_test.count_ents.v1")
+    nlp.get_pipe("entity_ruler").scorer = my_scorer
+    register_twin(my_scorer, returns_dict)
+    with pytest.raises(TypeError, match="twin .*returns_dict of component 'entity_ruler'.*dict"):
+        make_pipeline_state(nlp)
+    register_twin(my_scorer, _NoneResultState)
+    state = make_pipeline_state(nlp)
+    state.update(examples)
+    with pytest.raises(TypeError, match="component 'entity_ruler' .*NoneType from result"):
+        state.result()
 
 
 def test_register_twin_rejects_bad_keys():

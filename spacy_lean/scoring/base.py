@@ -22,6 +22,10 @@ class ScoreState:
 
     #: A short name stored in `to_dict`, checked on `load_dict`.
     kind: str = "state"
+    #: The settings that make two states of one class count different things (the
+    #: attribute scored, ...): `merge` refuses another state whose settings differ,
+    #: and `load_dict` counts whose saved settings do.
+    settings: Tuple[str, ...] = ()
 
     def update(self, examples: Iterable[Example]) -> None:
         """Reduce examples whose `.predicted` is already processed to counts.
@@ -53,6 +57,14 @@ class ScoreState:
             raise TypeError(
                 f"Cannot merge a {type(other).__name__} into a {type(self).__name__}: "
                 "states must come from the same scorer and configuration."
+            )
+        differ = [k for k in self.settings if getattr(self, k) != getattr(other, k)]
+        if differ:
+            theirs = ", ".join(f"{k}={getattr(other, k)!r}" for k in differ)
+            mine = ", ".join(f"{k}={getattr(self, k)!r}" for k in differ)
+            raise ValueError(
+                f"Cannot merge a {type(other).__name__} with {theirs} into one with "
+                f"{mine}: states must come from the same scorer and configuration."
             )
         self._merge(other)
         return self
@@ -94,6 +106,13 @@ class ScoreState:
                 f"(kind {self.kind!r}). Restore the state with the pipeline and scorer "
                 "settings it was saved with."
             )
+        for key in self.settings:  # those `to_dict` saves
+            if key in data and data[key] != getattr(self, key):
+                raise ValueError(
+                    f"Cannot load counts of {key} {data[key]!r} into a "
+                    f"{type(self).__name__} of {key} {getattr(self, key)!r}. Restore the "
+                    "state with the pipeline and scorer settings it was saved with."
+                )
 
 
 # -- PRF counts ---------------------------------------------------------------

@@ -113,6 +113,7 @@ class CatsState(ScoreState):
     """
 
     kind = "cats"
+    settings = ("attr", "labels", "multi_label", "positive_label", "threshold")
 
     def __init__(
         self,

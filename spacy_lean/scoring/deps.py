@@ -45,6 +45,7 @@ class DepsState(ScoreState):
     """
 
     kind = "deps"
+    settings = ("attr", "head_attr")
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from spacy.tokenizer import Tokenizer
 from spacy.tokens import Doc, DocBin
 from spacy.training import Example
 
+from .._warn import caller_stacklevel
 from .base import (
     ScoreState,
     StateFieldError,
@@ -347,6 +348,13 @@ class PipelineScoreState:
         _, bound = unwrap_scorer(scorer)
         kwargs = {**bound, **kwargs}
         state = twin(**kwargs)
+        if not isinstance(state, ScoreState):
+            raise TypeError(
+                f"The mergeable twin {callable_name(twin)} of component '{name}' (scorer "
+                f"{callable_name(scorer)}) returned a {type(state).__name__}, not a "
+                "spacy_lean.scoring.ScoreState: a twin factory must return a fresh state "
+                "(see docs/scoring.md, Custom scorers)."
+            )
         if getattr(component, "use_gold_ents", False) and hasattr(component, "_ensure_ents"):
             state = EntityLinkerGoldEntsState(component, state)
         return state, f"twin:{callable_name(twin)}", kwargs
@@ -362,7 +370,7 @@ class PipelineScoreState:
                 "make_state) or the 'spacy_lean_scoring_twins' entry-point group; see "
                 "docs/scoring.md (Custom scorers).",
                 UserWarning,
-                stacklevel=5,
+                stacklevel=caller_stacklevel(),
             )
         return SlimExamplesState(score, nlp.vocab)
 
@@ -422,10 +430,20 @@ class PipelineScoreState:
         counted so far; "speed" is words per second from `add_speed`."""
         scores: Dict[str, Any] = {}
         for name, state in self.states:
+            result = state.result()
+            try:  # what dict.update takes, as nlp.evaluate takes a scorer's result
+                result = result if isinstance(result, dict) else dict(result)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"The score state of component '{name}' ({type(state).__name__}) "
+                    f"returned a {type(result).__name__} from result(), not a dict of "
+                    "scores as the scorer's: check its twin's result() (see "
+                    "docs/scoring.md, Custom scorers)."
+                ) from None
             if self.per_component:
-                scores[name] = state.result()
+                scores[name] = result
             else:
-                scores.update(state.result())
+                scores.update(result)
         scores["speed"] = self.speed
         return _replace_numpy_floats(scores)
 

@@ -34,6 +34,7 @@ class SpansState(ScoreState):
     """
 
     kind = "spans"
+    settings = ("attr", "labeled", "allow_overlap")
 
     def __init__(
         self,

@@ -202,6 +202,7 @@ class TokenAttrState(ScoreState):
     """
 
     kind = "token_attr"
+    settings = ("attr",)
 
     def __init__(
         self,
@@ -285,6 +286,7 @@ class TokenAttrPerFeatState(ScoreState):
     """
 
     kind = "token_attr_per_feat"
+    settings = ("attr",)
 
     def __init__(
         self,

@@ -32,6 +32,9 @@ TwinFactory = Callable[..., ScoreState]
 twin_registry = catalogue.create("spacy_lean", "scoring_twins", entry_points=True)
 
 _twins_by_function: Dict[Callable, TwinFactory] = {}
+#: spaCy's `@scorers` names whose twins spacy-lean registers: the function each
+#: name's factory returns, and the twin.
+_builtin_names: Dict[str, Tuple[Callable, TwinFactory]] = {}
 
 
 def register_twin(scorer: Union[str, Callable], factory: Optional[TwinFactory] = None) -> Any:
@@ -86,12 +89,19 @@ def find_twin(scorer: Any, scorer_name: Optional[str]) -> Optional[TwinFactory]:
     scorer (Any): The scorer function (possibly a partial or wrapper).
     scorer_name (Optional[str]): Its name in `@scorers`, if known.
     """
+    func, _ = unwrap_scorer(scorer)
     if scorer_name is not None:
         try:
-            return twin_registry.get(scorer_name)
+            twin = twin_registry.get(scorer_name)
         except catalogue.RegistryError:
-            pass
-    func, _ = unwrap_scorer(scorer)
+            twin = None
+        builtin = _builtin_names.get(scorer_name)
+        # A twin registered for the name by a user is trusted. A built-in name's twin
+        # mirrors spaCy's function only: where the component runs another scorer
+        # (replaced at runtime, or wrapped by its factory), the config's name is not
+        # what runs, and the function decides.
+        if twin is not None and (builtin is None or builtin[1] is not twin or builtin[0] is func):
+            return twin
     try:
         return _twins_by_function.get(func)
     except TypeError:  # unhashable callable
@@ -328,6 +338,7 @@ def _register_builtins() -> None:
         _twins_by_function[func] = factory
         if name is not None and name not in twin_registry:
             twin_registry.register(name, func=factory)
+            _builtin_names[name] = (func, factory)
 
 
 _register_builtins()
