@@ -33,7 +33,8 @@ def main(
     flag = mixed_precision.strip().lower()
     if flag not in ("true", "false"):
         msg.fail(f"--vars.mixed_precision must be true or false, got '{mixed_precision}'", exits=1)
-    if flag == "true" and not _gpu_ids(gpu_ids):
+    ids = _gpu_ids(gpu_ids)  # read (and refused) as spacy lean train reads them
+    if flag == "true" and not ids:
         example = "0" if var == "gpu_id" else "0,1"
         msg.fail(
             "--vars.mixed_precision true needs a GPU (float16 and gradient scaling run on "

@@ -650,7 +650,7 @@ class LeanCleaner:
         if not isinstance(block, dict) or block.get("factory") != "lean_cleaner":
             return None
         settings = {k: block[k] for k in _CFG_KEYS if k in block}
-        if any(isinstance(v, str) and "${" in v for v in settings.values()):
+        if "${" in srsly.json_dumps(settings):  # a variable, also inside a list
             try:  # read with interpolate=False: resolve the variables
                 block = Config(config).interpolate()["components"][self.name]
             except Exception:  # noqa: BLE001 - unresolvable: the saved settings

@@ -446,6 +446,17 @@ def test_a_loaded_cleaner_takes_the_settings_of_the_config(trf_ner_nlp, tmp_path
     assert nlp(text)._.trf_data is None
     with pytest.raises(ValueError, match="'consumers' names \\['lean_test_trf_reader'\\]"):
         spacy.load(tmp_path / "model", exclude=["lean_test_trf_reader"])(text)
+    # A variable in the config, also inside a list, is resolved.
+    config_path = tmp_path / "model" / "config.cfg"
+    text_cfg = config_path.read_text(encoding="utf8")
+    text_cfg = text_cfg.replace(
+        'consumers = ["lean_test_trf_reader"]', 'consumers = ["${vars.reader}"]'
+    ).replace("[paths]", '[vars]\nreader = "lean_test_trf_reader"\n\n[paths]', 1)
+    assert "${vars.reader}" in text_cfg
+    config_path.write_text(text_cfg, encoding="utf8")
+    nlp = spacy.load(tmp_path / "model")
+    assert nlp.get_pipe("lean_cleaner").cfg["consumers"] == ["lean_test_trf_reader"]
+    assert nlp(text)._.trf_data is None
     # Built with the defaults, then filled from disk: the saved settings.
     nlp = spacy.load(tmp_path / "model", config=override)
     nlp.from_disk(tmp_path / "model")

@@ -195,8 +195,9 @@ def test_mixed_precision_without_a_gpu_is_refused_before_training():
         assert code == 0, (flag, ids, out)
     # The ids are read as `spacy lean train --gpu-ids` reads them: '-1,1' is refused
     # there, so it is not taken for GPU 1 here.
-    code, out = _invoke("check_device", ["--mixed-precision", "true", "--gpu-ids", "-1,1"])
-    assert code == 1 and "must be >= 0, got '-1,1'" in flat(out)
+    for flag in ("true", "false"):
+        code, out = _invoke("check_device", ["--mixed-precision", flag, "--gpu-ids", "-1,1"])
+        assert code == 1 and "must be >= 0, got '-1,1'" in flat(out)
     code, out = _invoke("check_device", ["--mixed-precision", "yes", "--gpu-ids", "0"])
     assert code == 1 and "must be true or false, got 'yes'" in flat(out)
     code, out = _invoke("check_device", ["--mixed-precision", "true", "--gpu-ids", "a"])

@@ -216,6 +216,22 @@ def test_states_of_other_settings_are_refused(nlp):
         SpansState("spans_sc").merge(SpansState("spans_sc", allow_overlap=True))
     merged = TokenAttrState("pos").merge(pos)  # the same settings still merge
     assert merged.result() == pos.result()
+    # Loading checks what merging checks: the settings are saved with the counts.
+    cats = CatsState(labels=["A"], multi_label=True, threshold=0.5).to_dict()
+    with pytest.raises(ValueError, match="threshold 0.5 into a CatsState of threshold 0.9"):
+        CatsState(labels=["A"], multi_label=True, threshold=0.9).load_dict(cats)
+    with pytest.raises(ValueError, match="multi_label True"):
+        CatsState(labels=["A"], multi_label=False).load_dict(cats)
+    with pytest.raises(ValueError, match="labeled True into a SpansState of labeled False"):
+        SpansState("spans_sc", labeled=False).load_dict(SpansState("spans_sc").to_dict())
+    # A state saved without its settings (before they were saved) still loads.
+    old = {k: v for k, v in cats.items() if k not in ("multi_label", "threshold", "attr")}
+    CatsState(labels=["A"], multi_label=True).load_dict(old)
+    # One setting, NaN included, is the same setting.
+    nan = float("nan")
+    CatsState(labels=["A"], threshold=nan).merge(CatsState(labels=["A"], threshold=nan))
+    saved = srsly.json_loads(srsly.json_dumps(CatsState(labels=["A"], threshold=nan).to_dict()))
+    CatsState(labels=["A"], threshold=nan).load_dict(saved)
 
 
 # -- custom scorers --------------------------------------------------------------

@@ -118,7 +118,7 @@ def iter_text_chunks(
             yield document_delimiter
 
 
-def expand_paths(paths: Sequence[PathLike], what: str = "text") -> List[Path]:
+def expand_paths(paths: Sequence[PathLike], what: str = "training text") -> List[Path]:
     """Files to read: each path itself, or a directory's files in sorted order. `what`
     names the text in the messages (e.g. "dev text (--dev)")."""
     if isinstance(paths, (str, Path)):

@@ -58,7 +58,7 @@ class ScoreState:
                 f"Cannot merge a {type(other).__name__} into a {type(self).__name__}: "
                 "states must come from the same scorer and configuration."
             )
-        differ = [k for k in self.settings if getattr(self, k) != getattr(other, k)]
+        differ = [k for k in self.settings if not _same(getattr(self, k), getattr(other, k))]
         if differ:
             theirs = ", ".join(f"{k}={getattr(other, k)!r}" for k in differ)
             mine = ", ".join(f"{k}={getattr(self, k)!r}" for k in differ)
@@ -79,6 +79,10 @@ class ScoreState:
     def to_dict(self) -> Dict[str, Any]:
         """RETURNS (Dict[str, Any]): The counts, JSON-serialisable."""
         raise NotImplementedError
+
+    def _saved_settings(self) -> Dict[str, Any]:
+        """The `settings`, as `to_dict` saves them (checked by `load_dict`)."""
+        return {key: _jsonable(getattr(self, key)) for key in self.settings}
 
     def load_dict(self, data: Dict[str, Any]) -> "ScoreState":
         """Replace this state's counts by those in `data` (from `to_dict`).
@@ -106,13 +110,34 @@ class ScoreState:
                 f"(kind {self.kind!r}). Restore the state with the pipeline and scorer "
                 "settings it was saved with."
             )
-        for key in self.settings:  # those `to_dict` saves
-            if key in data and data[key] != getattr(self, key):
+        for key in self.settings:  # those `to_dict` saves (states saved before not)
+            if key in data and not _same(data[key], _jsonable(getattr(self, key))):
+                saved = data[key]
+                if isinstance(getattr(self, key), float) and isinstance(saved, str):
+                    try:
+                        saved = float.fromhex(saved)
+                    except ValueError:
+                        pass
                 raise ValueError(
-                    f"Cannot load counts of {key} {data[key]!r} into a "
+                    f"Cannot load counts of {key} {saved!r} into a "
                     f"{type(self).__name__} of {key} {getattr(self, key)!r}. Restore the "
                     "state with the pipeline and scorer settings it was saved with."
                 )
+
+
+def _jsonable(value: Any) -> Any:
+    """A setting as JSON keeps it: tuples as lists, floats exactly (hex strings, NaN
+    and infinities included)."""
+    if isinstance(value, float):
+        return float_to_json(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal settings, NaN equal to NaN (a threshold of NaN is one setting)."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return a == b
 
 
 # -- PRF counts ---------------------------------------------------------------

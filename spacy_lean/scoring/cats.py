@@ -236,6 +236,7 @@ class CatsState(ScoreState):
 
     def to_dict(self) -> Dict[str, Any]:
         return {
+            **self._saved_settings(),
             "kind": self.kind,
             "labels": list(self.labels),
             "f_per_type": per_type_to_list(self.f_per_type),

@@ -107,8 +107,8 @@ class SpansState(ScoreState):
 
     def to_dict(self) -> Dict[str, Any]:
         return {
+            **self._saved_settings(),
             "kind": self.kind,
-            "attr": self.attr,
             "score": prf_to_list(self.score),
             "per_type": per_type_to_list(self.per_type),
         }
