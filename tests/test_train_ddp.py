@@ -1185,3 +1185,39 @@ def test_a_label_first_met_in_training(tiny_ner_config, tmp_path):
         f"held labels that the components' initialize data did not have ('ner': ['{rare}'])" in out
     )
     assert "spacy init labels" in out
+
+
+def test_the_training_state_keeps_the_callback_that_saved_models_strip(tmp_path, tiny_ner_config):
+    """spacy-lean.strip_streaming_evaluate.v1 removes the lean callback from the live
+    config for model-best and model-last, and training-state/model was saved with it
+    removed too: a resume with that config.cfg (which the resume error tells users to
+    use) lost the callback's settings (max_padded_tokens) without a word. The state
+    keeps the run's callback; the saved models stay portable."""
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 6, seed=71, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=72, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["paths"]["train"] = str(tmp_path / "train.spacy")
+    config["paths"]["dev"] = str(tmp_path / "dev.spacy")
+    config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": "spacy-lean.lean_training.v1",
+        "max_padded_tokens": 400,
+    }
+    config["training"]["before_to_disk"] = {"@callbacks": "spacy-lean.strip_streaming_evaluate.v1"}
+    config["training"].update(max_steps=4, eval_frequency=2)
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    proc = run_tiny(tmp_path, tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = spacy.util.load_config(tmp_path / "out" / "model-last" / "config.cfg")
+    assert last["nlp"]["after_pipeline_creation"] is None
+    state_cfg = tmp_path / "out" / "training-state" / "model" / "config.cfg"
+    callback = spacy.util.load_config(state_cfg)["nlp"]["after_pipeline_creation"]
+    assert callback["@callbacks"] == "spacy-lean.lean_training.v1"
+    assert callback["max_padded_tokens"] == 400
+    # A resume with that copy keeps the ceiling.
+    shutil.copy(state_cfg, tmp_path / "config.cfg")
+    proc = run_tiny(tmp_path, tmp_path / "out", "--resume", "--training.max_steps", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
+    assert state["step"] == 6
+    assert state["ranks"][0]["update_policy"]["max_padded_tokens"] == 400

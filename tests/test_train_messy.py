@@ -121,6 +121,30 @@ def test_a_dev_set_with_scores_does_not_warn(root, tmp_path):
             },
         )
     assert not [w for w in caught if "gave no value" in str(w.message)]
+    assert not [w for w in caught if "reports a score named" in str(w.message)]
+
+
+def test_a_misspelt_score_weight_is_named_not_blamed_on_the_dev_set(root, tmp_path):
+    """A [training.score_weights] key that no component reports (`ents_fscore` for
+    `ents_f`) counted as 0 with a warning that blamed the dev set ("every doc is empty
+    ... Point --paths.dev at annotated docs"). The warning names the key and the
+    pipeline's scores now, and the dev set is not blamed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(
+            root / "config.cfg",
+            tmp_path / "out",
+            overrides={
+                "training.max_epochs": 0,
+                "training.max_steps": 2,
+                "corpora.train.max_length": 0,
+                "training.score_weights": {"ents_fscore": 1.0, "ents_f": None},
+            },
+        )
+    texts = [str(w.message) for w in caught]
+    named = [t for t in texts if "reports a score named 'ents_fscore'" in t]
+    assert len(named) == 1 and "ents_f, ents_p" in named[0]
+    assert not [t for t in texts if "gave no value" in t]
 
 
 @pytest.mark.parametrize("name", ["bad.jsonl", "truncated.spacy"])

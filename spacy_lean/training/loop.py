@@ -9,6 +9,7 @@ set is scored in shares with the streaming evaluator and the score states are me
 so the score is the one of a single process. Only rank 0 logs and writes.
 """
 
+import copy
 import json
 import math
 import random
@@ -403,10 +404,24 @@ def make_distributed_evaluation(
             raise KeyError(Errors.E900.format(pipeline=nlp.pipe_names)) from e
         states = ctx.all_gather_json(state.to_dict())
         merged = merge_states(dict(enumerate(states)), nlp, template=make_score_state(nlp))
-        score, scores = weighted_score(merged.result(), weights)
+        result = merged.result()
+        score, scores = weighted_score(result, weights)
         keys = [k for k, v in weights.items() if v is not None]
-        if keys and not any(k in scores for k in keys) and not warned and ctx.rank == 0:
-            warned.append(True)
+        unknown = [k for k in keys if k not in result]
+        if unknown and "unknown" not in warned and ctx.rank == 0:
+            # No scorer reports it (a misspelt key): not the dev set's doing.
+            warned.append("unknown")
+            known = sorted(k for k, v in result.items() if not isinstance(v, dict))
+            warnings.warn(
+                f"No component of the pipeline reports a score named "
+                f"{', '.join(repr(k) for k in unknown)}, which [training.score_weights] "
+                f"weights: it counts as 0, as in `spacy train`. The pipeline's scores: "
+                f"{', '.join(known)}. Fix the name in [training.score_weights].",
+                UserWarning,
+            )
+        keys = [k for k in keys if k not in unknown]
+        if keys and not any(k in scores for k in keys) and "none" not in warned and ctx.rank == 0:
+            warned.append("none")
             warnings.warn(
                 f"The dev set {name} gave no value for any score of "
                 f"[training.score_weights] ({', '.join(keys)}): spaCy's scorer gives None "
@@ -419,7 +434,7 @@ def make_distributed_evaluation(
             )
         return score, scores
 
-    warned: List[bool] = []
+    warned: List[str] = []
     return evaluate
 
 
@@ -450,15 +465,27 @@ def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def save_training_state(
-    path: Path, nlp: Language, optimizer, entries: Sequence[ParamEntry], state: Dict[str, Any]
+    path: Path,
+    nlp: Language,
+    optimizer,
+    entries: Sequence[ParamEntry],
+    state: Dict[str, Any],
+    nlp_settings: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Write the resumable state (rank 0): the pipeline with its current (not averaged)
     weights, the optimizer's state as .npz, and the loop's position as JSON, swapped in
-    whole (`replace_dir`)."""
+    whole (`replace_dir`). `nlp_settings`: [nlp] settings the saved config.cfg gets
+    (the run's, where a before_to_disk callback changed the live config)."""
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        nlp.to_disk(tmp / "model")
+        block = nlp.config["nlp"]
+        saved = {key: block.get(key) for key in nlp_settings or {}}
+        block.update(nlp_settings or {})
+        try:
+            nlp.to_disk(tmp / "model")
+        finally:
+            block.update(saved)
         saved = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
         # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
         # decimals, which changed the saved losses, scores and cached gaussians. Strict
@@ -931,6 +958,13 @@ def train(
     RETURNS (Tuple[Language, Optional[Path]]): the pipeline and model-last's path.
     """
     ctx = ctx if ctx is not None else DistContext()
+    # The run's [nlp] callback, as it started: a [training.before_to_disk] such as
+    # spacy-lean.strip_streaming_evaluate.v1 removes it from the live config for the
+    # saved models, and the training state must keep it (a resume is told to use its
+    # config.cfg, which would lose the callback's settings).
+    run_nlp_settings = {
+        "after_pipeline_creation": copy.deepcopy(nlp.config["nlp"].get("after_pipeline_creation"))
+    }
     if policy is None:
         policy = get_update_policy(nlp) or UpdatePolicy()
     msg = Printer(no_print=True)
@@ -1131,7 +1165,14 @@ def train(
                 "seed": T["seed"],
                 "corpus": corpus_fp,
             }
-            save_training_state(output_path / DIR_STATE, nlp, optimizer, entries, state)
+            save_training_state(
+                output_path / DIR_STATE,
+                nlp,
+                optimizer,
+                entries,
+                state,
+                nlp_settings=run_nlp_settings,
+            )
 
     if ctx.is_main:
         stdout.write(msg.info(f"Pipeline: {nlp.pipe_names}") + "\n")
