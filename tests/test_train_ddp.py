@@ -1221,3 +1221,29 @@ def test_the_training_state_keeps_the_callback_that_saved_models_strip(tmp_path,
     state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
     assert state["step"] == 6
     assert state["ranks"][0]["update_policy"]["max_padded_tokens"] == 400
+
+
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ("max_padded_tokens", "max_padded_tokens must be a positive number of padded tokens"),
+        ("eval_max_batch_tokens", "eval_max_batch_tokens must be a whole number"),
+    ],
+)
+def test_a_bad_callback_setting_fails_with_its_message(tmp_path, tiny_ner_config, setting, message):
+    """A bad setting of spacy-lean.lean_training.v1 stopped `spacy lean train` with a
+    traceback (and, for max_padded_tokens, a message without the callback's name): it
+    fails with the message now, naming the config, the callback and the setting."""
+    config = tiny_ner_config()
+    config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "none.spacy")
+    config["nlp"]["after_pipeline_creation"] = {
+        "@callbacks": "spacy-lean.lean_training.v1",
+        setting: 0,
+    }
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    proc = run_tiny(tmp_path, tmp_path / "out")
+    text = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, text
+    assert "Traceback" not in text
+    assert f"config.cfg: spacy-lean.lean_training.v1: {message}" in text

@@ -41,6 +41,21 @@ def parse_gpu_ids(value: Optional[str]) -> List[int]:
 
 
 @contextlib.contextmanager
+def _our_setting_errors(
+    msg: Printer, config_path: Path, dctx: Optional["DistContext"]
+) -> Iterator[None]:
+    """A bad setting of one of spacy-lean's registered functions (its ValueError names
+    the function, "spacy-lean.<name>: ...", the setting and the fix) fails with its
+    message, not a traceback; other errors propagate."""
+    try:
+        yield
+    except ValueError as err:
+        if not str(err).startswith("spacy-lean."):
+            raise
+        _fail(msg, f"{config_path}: {err}", dctx)
+
+
+@contextlib.contextmanager
 def _single_process_view() -> Iterator[None]:
     """Hide RANK/WORLD_SIZE while the pipeline is initialized, so every rank reads the
     same examples for labels and shapes as one process would (rank-aware readers then
@@ -261,7 +276,8 @@ def train(
         saved_model = Path(state["path"]) / "model"
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
-            nlp = util.load_model_from_config(config, auto_fill=True)
+            with _our_setting_errors(msg, config_path, dctx):
+                nlp = util.load_model_from_config(config, auto_fill=True)
         try:
             nlp.from_disk(saved_model, exclude=["config"])
         except ValueError as err:  # thinc: "Attempt to change dimension ..."
@@ -284,7 +300,8 @@ def train(
         msg.divider("Initializing pipeline")
         try:
             with show_validation_error(config_path, hint_fill=False), _single_process_view():
-                nlp = init_nlp(config, use_gpu=dctx.gpu_id)
+                with _our_setting_errors(msg, config_path, dctx):
+                    nlp = init_nlp(config, use_gpu=dctx.gpu_id)
         except CorruptShardError as err:  # a data file: its message names it and the fix
             _fail(msg, str(err), dctx)
         msg.good("Initialized pipeline")

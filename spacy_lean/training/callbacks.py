@@ -144,7 +144,10 @@ def make_lean_training_v1(
     RETURNS (Callable[[Language], Language]): the callback.
     """
     # Validate the settings when the config is resolved, not at the first batch.
-    UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
+    try:
+        UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
+    except ValueError as err:
+        raise ValueError(f"{CALLBACK_NAME}: {err}") from None
     # The streaming evaluator's checks, their messages naming this callback's settings.
     for name, value, check in (
         ("max_batch_tokens", eval_max_batch_tokens, check_max_batch_tokens),
