@@ -1247,3 +1247,127 @@ def test_a_bad_callback_setting_fails_with_its_message(tmp_path, tiny_ner_config
     assert proc.returncode == 1, text
     assert "Traceback" not in text
     assert f"config.cfg: spacy-lean.lean_training.v1: {message}" in text
+
+
+LINKER_CONFIG = """
+[paths]
+train = null
+dev = null
+kb = null
+[system]
+seed = 0
+gpu_allocator = null
+[nlp]
+lang = "en"
+pipeline = ["tok2vec","sentencizer","entity_linker"]
+batch_size = 100
+[components]
+[components.tok2vec]
+factory = "tok2vec"
+[components.tok2vec.model]
+@architectures = "spacy.HashEmbedCNN.v2"
+pretrained_vectors = null
+width = 16
+depth = 1
+embed_size = 200
+window_size = 1
+maxout_pieces = 2
+subword_features = false
+[components.sentencizer]
+factory = "sentencizer"
+[components.entity_linker]
+factory = "entity_linker"
+incl_prior = false
+[components.entity_linker.model]
+@architectures = "spacy.EntityLinker.v2"
+nO = null
+[components.entity_linker.model.tok2vec]
+@architectures = "spacy.Tok2VecListener.v1"
+width = 16
+upstream = "*"
+[corpora]
+[corpora.train]
+@readers = "spacy.Corpus.v1"
+path = ${paths.train}
+[corpora.dev]
+@readers = "spacy.Corpus.v1"
+path = ${paths.dev}
+[training]
+seed = 0
+dropout = 0.0
+max_steps = 4
+max_epochs = -1
+eval_frequency = 2
+gpu_allocator = null
+[training.batcher]
+@batchers = "spacy.batch_by_sequence.v1"
+size = 8
+get_length = null
+[training.optimizer]
+@optimizers = "SGD.v1"
+learn_rate = 0.01
+L2 = 0.0
+grad_clip = 0.0
+use_averages = false
+[training.score_weights]
+nel_micro_f = 1.0
+[initialize]
+[initialize.components]
+[initialize.components.entity_linker]
+[initialize.components.entity_linker.kb_loader]
+@misc = "spacy.KBFromFile.v1"
+kb_path = ${paths.kb}
+"""
+
+
+def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path):
+    """An entity_linker (gold entities) on 2 ranks, rank 0's share of only docs whose
+    linked entity has no KB candidate ("Zed Quux" is no alias): rank 0's linker
+    skipped its share, where one process with both shares learns from it (weights off
+    by up to 0.2), and the ranks' losses were summed (logged twice one process's). The
+    ranks share whether the step's linker learns, and weight its loss by their linked
+    entities: the weights and the logged losses are one process's."""
+    from spacy.kb import InMemoryLookupKB
+    from spacy.tokens import DocBin, Span
+
+    nlp = spacy.blank("en")
+    kb = InMemoryLookupKB(nlp.vocab, entity_vector_length=4)
+    for i, vector in enumerate(([1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0])):
+        kb.add_entity(entity=f"Q{i + 1}", freq=10, entity_vector=vector)
+    kb.add_alias(alias="Ada Lovelace", entities=["Q1", "Q2"], probabilities=[0.6, 0.3])
+    kb.add_alias(alias="London", entities=["Q2"], probabilities=[0.9])
+    kb.to_disk(tmp_path / "kb")
+
+    def make(text, ents):
+        doc = nlp.make_doc(text)
+        doc.ents = [Span(doc, s, e, label="PERSON", kb_id=k) for s, e, k in ents]
+        for token in doc:
+            token.is_sent_start = token.i == 0
+        return doc
+
+    zed = ("Zed Quux waved again .", [(0, 2, "Q3")])
+    ada = ("Ada Lovelace met a friend in London .", [(0, 2, "Q1"), (6, 7, "Q2")])
+    rain = ("Rain fell on London all day .", [(3, 4, "Q2")])
+    # Streamed shares: rank r takes docs i % 2 == r, so rank 0 gets every "Zed Quux".
+    train = [make(*(zed if i % 2 == 0 else ada if i % 4 == 1 else rain)) for i in range(16)]
+    DocBin(docs=train).to_disk(tmp_path / "train.spacy")
+    DocBin(docs=[make(*ada), make(*rain), make(*zed)]).to_disk(tmp_path / "dev.spacy")
+    (tmp_path / "config.cfg").write_text(LINKER_CONFIG, encoding="utf8")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    paths = ["--paths.train", tmp_path / "train.spacy", "--paths.dev", tmp_path / "dev.spacy"]
+    paths += ["--paths.kb", tmp_path / "kb"]
+    one = run_tiny(tmp_path, tmp_path / "one", *paths)
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = run_tiny(tmp_path, tmp_path / "two", "--nproc", "2", "--training.batcher.size", 4, *paths)
+    assert two.returncode == 0, two.stdout + two.stderr
+    single = params_of(tmp_path / "one" / "model-last")
+    double = params_of(tmp_path / "two" / "model-last")
+    assert max_diff(single, double) < 1e-5, largest_diffs(double, single)
+    losses = [
+        srsly.read_json(tmp_path / run / "model-last" / "meta.json")["performance"]
+        for run in ("one", "two")
+    ]
+    assert losses[0]["entity_linker_loss"] > 0
+    assert losses[1]["entity_linker_loss"] == pytest.approx(
+        losses[0]["entity_linker_loss"], rel=1e-4
+    )
