@@ -167,9 +167,19 @@ def sorted_span_groups(
             _ACTIVE.discard(id(layer))
 
 
+def _right_padded(mask: Any) -> bool:
+    """Whether every row's real wordpieces come first (padding on the right, as BERT's
+    and RoBERTa's tokenizers pad). A tokenizer with padding_side = "left" (XLNet's)
+    puts them last: a group trimmed to its width would keep only padding, so such
+    batches run whole, as in spacy-transformers."""
+    if mask.shape[1] < 2:
+        return True
+    return not bool((mask[:, 1:] > mask[:, :-1]).any())
+
+
 def _sorted_forward(forward, group_cost: float, train: bool = False):
     def sorted_forward(model, wps, is_train):
-        if (is_train and not train) or len(wps) < 2:
+        if (is_train and not train) or len(wps) < 2 or not _right_padded(wps.attention_mask):
             return forward(model, wps, is_train)
         real = [int(x) for x in wps.attention_mask.sum(axis=1).tolist()]
         width = int(wps.input_ids.shape[1])

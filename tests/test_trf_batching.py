@@ -335,3 +335,41 @@ def test_rows_without_wordpieces_run_in_a_group(tmp_path, blank_nlp):
         got = [[(e.start, e.end, e.label_) for e in d.ents] for d in nlp.pipe(texts, batch_size=64)]
     assert got == expected
     assert plan_groups([0, 0, 40, 0], 0, 16)[-1] == [0, 1, 3]  # the empty rows, together
+
+
+def test_a_left_padding_tokenizer_runs_whole_batches(tmp_path, blank_nlp, texts):
+    """A tokenizer that pads on the left (padding_side = "left", XLNet's default) puts
+    each row's wordpieces last: a group trimmed to its first `width` columns kept only
+    padding, and short docs got zero vectors and other entities. Such batches run
+    whole now, as in spacy-transformers."""
+    import json
+    import shutil
+
+    from spacy_lean.trf_align import fast_alignment
+
+    left = tmp_path / "left"
+    shutil.copytree(synthetic.make_tiny_transformer(tmp_path / "tiny"), left)
+    config_path = left / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf8"))
+    config["padding_side"] = "left"
+    config_path.write_text(json.dumps(config), encoding="utf8")
+    nlp = synthetic.build_trf_ner_pipeline(
+        left, synthetic.make_ner_docs(blank_nlp, 12, seed=4), n_steps=4
+    )
+    assert nlp.get_pipe("transformer").model.tokenizer.padding_side == "left"
+    docs = ["Paris .", "Bank of Paris said so ."] + texts[:6]
+    counts, handle = count_wordpieces(nlp)
+    try:
+        stock = list(nlp.pipe(docs, batch_size=64))
+        stock_calls = counts["calls"]
+        with fast_alignment(), sorted_span_groups(nlp, group_cost=0) as changed:
+            assert changed == 1
+            ours = list(nlp.pipe(docs, batch_size=64))
+    finally:
+        handle.remove()
+    for a, b in zip(stock, ours):
+        numpy.testing.assert_allclose(aligned_rows(a), aligned_rows(b), rtol=0, atol=1e-5)
+        assert [(e.start, e.end, e.label_) for e in a.ents] == [
+            (e.start, e.end, e.label_) for e in b.ents
+        ]
+    assert counts["calls"] == 2 * stock_calls  # the batches were not cut into groups
