@@ -23,6 +23,7 @@ from spacy_lean import synthetic
 from spacy_lean.training.stopping import STOPPED_EXIT_CODE
 
 from eval_util import ruler_patterns  # noqa: E402
+from linker_util import ADA, RAIN, ZED, make_linker_kb, set_links  # noqa: E402
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -1327,27 +1328,18 @@ def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path):
     by up to 0.2), and the ranks' losses were summed (logged twice one process's). The
     ranks share whether the step's linker learns, and weight its loss by their linked
     entities: the weights and the logged losses are one process's."""
-    from spacy.kb import InMemoryLookupKB
-    from spacy.tokens import DocBin, Span
+    from spacy.tokens import DocBin
 
     nlp = spacy.blank("en")
-    kb = InMemoryLookupKB(nlp.vocab, entity_vector_length=4)
-    for i, vector in enumerate(([1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0])):
-        kb.add_entity(entity=f"Q{i + 1}", freq=10, entity_vector=vector)
-    kb.add_alias(alias="Ada Lovelace", entities=["Q1", "Q2"], probabilities=[0.6, 0.3])
-    kb.add_alias(alias="London", entities=["Q2"], probabilities=[0.9])
-    kb.to_disk(tmp_path / "kb")
+    make_linker_kb(nlp.vocab).to_disk(tmp_path / "kb")
 
     def make(text, ents):
-        doc = nlp.make_doc(text)
-        doc.ents = [Span(doc, s, e, label="PERSON", kb_id=k) for s, e, k in ents]
+        doc = set_links(nlp.make_doc(text), ents)
         for token in doc:
             token.is_sent_start = token.i == 0
         return doc
 
-    zed = ("Zed Quux waved again .", [(0, 2, "Q3")])
-    ada = ("Ada Lovelace met a friend in London .", [(0, 2, "Q1"), (6, 7, "Q2")])
-    rain = ("Rain fell on London all day .", [(3, 4, "Q2")])
+    zed, ada, rain = ZED, ADA, RAIN
     # Streamed shares: rank r takes docs i % 2 == r, so rank 0 gets every "Zed Quux".
     train = [make(*(zed if i % 2 == 0 else ada if i % 4 == 1 else rain)) for i in range(16)]
     DocBin(docs=train).to_disk(tmp_path / "train.spacy")

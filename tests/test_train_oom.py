@@ -48,6 +48,8 @@ from spacy_lean.training import (
 from spacy_lean.training.callbacks import CALLBACK_NAME
 from spacy_lean.training.dist import grad_scalers
 
+from linker_util import make_linker_kb, set_links  # noqa: E402
+
 RTOL, ATOL, SCALE_TOL = 1e-4, 1e-6, 1e-5
 PARAM_ATOL = 3e-5
 
@@ -1304,16 +1306,6 @@ def _linker_pipeline():
     The KB knows Q1-Q3; "Ada Lovelace" and "London" are aliases, "Zed Quux" (Q3) is
     not, so a doc of only "Zed Quux" has a linked entity but no candidate. One
     optimizer step taken (the tagger's softmax starts at zero)."""
-    from spacy.kb import InMemoryLookupKB
-
-    def create_kb(vocab):
-        kb = InMemoryLookupKB(vocab, entity_vector_length=4)
-        for i, vector in enumerate(([1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0])):
-            kb.add_entity(entity=f"Q{i + 1}", freq=10, entity_vector=vector)
-        kb.add_alias(alias="Ada Lovelace", entities=["Q1", "Q2"], probabilities=[0.6, 0.3])
-        kb.add_alias(alias="London", entities=["Q2"], probabilities=[0.9])
-        return kb
-
     fix_random_seed(0)
     listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
     nlp = spacy.blank("en")
@@ -1322,7 +1314,7 @@ def _linker_pipeline():
     nlp.add_pipe("tagger", config={"model": {"tok2vec": listener}})
     model = {"@architectures": "spacy.EntityLinker.v2", "nO": None, "tok2vec": listener}
     linker = nlp.add_pipe("entity_linker", config={"incl_prior": False, "model": model})
-    linker.set_kb(create_kb)
+    linker.set_kb(make_linker_kb)
     texts = [
         ("Ada Lovelace met a friend in London .", [(0, 2, "Q1"), (6, 7, "Q2")]),
         ("They saw Ada Lovelace again .", [(2, 4, "Q2")]),
@@ -1336,7 +1328,7 @@ def _linker_pipeline():
         doc = nlp.make_doc(text)
         tags = ["N" if t.is_alpha else "P" for t in doc]
         ref = Example.from_dict(doc, {"tags": tags}).reference
-        ref.ents = [Span(ref, s, e, label="PERSON", kb_id=kb) for s, e, kb in ents]
+        set_links(ref, ents)
         examples.append(Example(nlp.make_doc(text), ref))
     optimizer = nlp.initialize(lambda: examples)
     nlp.update(examples, sgd=optimizer)
