@@ -734,11 +734,14 @@ def make_streaming_evaluate_v1(
         (null); see `spacy_lean.evaluate`. The scores are the same.
     RETURNS (Callable[[Language], Language]): the callback.
     """
-    if max_batch_tokens is not None:
-        check_max_batch_tokens(max_batch_tokens)
-    if window_size is not None:  # checked when the config is read, not at the first evaluation
-        check_window_size(window_size)
-    check_trim_slack_mb(trim_slack_mb)
+    try:  # checked when the config is read, not at the first evaluation
+        if max_batch_tokens is not None:
+            check_max_batch_tokens(max_batch_tokens)
+        if window_size is not None:
+            check_window_size(window_size)
+        check_trim_slack_mb(trim_slack_mb)
+    except ValueError as err:
+        raise ValueError(f"{CALLBACK_NAME}: {err}") from None
 
     def after_pipeline_creation(nlp: Language) -> Language:
         return install_streaming_evaluate(

@@ -1225,20 +1225,23 @@ def test_the_training_state_keeps_the_callback_that_saved_models_strip(tmp_path,
 
 
 @pytest.mark.parametrize(
-    "setting,message",
+    "callback,setting,message",
     [
-        ("max_padded_tokens", "max_padded_tokens must be a positive number of padded tokens"),
-        ("eval_max_batch_tokens", "eval_max_batch_tokens must be a whole number"),
+        ("lean_training", "max_padded_tokens", "max_padded_tokens must be a positive number"),
+        ("lean_training", "eval_max_batch_tokens", "eval_max_batch_tokens must be a whole number"),
+        ("streaming_evaluate", "max_batch_tokens", "max_batch_tokens must be a whole number"),
     ],
 )
-def test_a_bad_callback_setting_fails_with_its_message(tmp_path, tiny_ner_config, setting, message):
+def test_a_bad_callback_setting_fails_with_its_message(
+    tmp_path, tiny_ner_config, callback, setting, message
+):
     """A bad setting of spacy-lean.lean_training.v1 stopped `spacy lean train` with a
     traceback (and, for max_padded_tokens, a message without the callback's name): it
     fails with the message now, naming the config, the callback and the setting."""
     config = tiny_ner_config()
     config["paths"]["train"] = config["paths"]["dev"] = str(tmp_path / "none.spacy")
     config["nlp"]["after_pipeline_creation"] = {
-        "@callbacks": "spacy-lean.lean_training.v1",
+        "@callbacks": f"spacy-lean.{callback}.v1",
         setting: 0,
     }
     config.to_disk(tmp_path / "config.cfg")
@@ -1247,7 +1250,7 @@ def test_a_bad_callback_setting_fails_with_its_message(tmp_path, tiny_ner_config
     text = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1, text
     assert "Traceback" not in text
-    assert f"config.cfg: spacy-lean.lean_training.v1: {message}" in text
+    assert f"config.cfg: spacy-lean.{callback}.v1: {message}" in text
 
 
 LINKER_CONFIG = """

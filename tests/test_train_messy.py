@@ -138,12 +138,13 @@ def test_a_misspelt_score_weight_is_named_not_blamed_on_the_dev_set(root, tmp_pa
                 "training.max_epochs": 0,
                 "training.max_steps": 2,
                 "corpora.train.max_length": 0,
-                "training.score_weights": {"ents_fscore": 1.0, "ents_f": None},
+                # pos_acc: weighted 0 (as spaCy's tagger does by default): not named.
+                "training.score_weights": {"ents_fscore": 1.0, "ents_f": None, "pos_acc": 0.0},
             },
         )
     texts = [str(w.message) for w in caught]
     named = [t for t in texts if "reports a score named 'ents_fscore'" in t]
-    assert len(named) == 1 and "ents_f, ents_p" in named[0]
+    assert len(named) == 1 and "ents_f, ents_p" in named[0] and "pos_acc" not in named[0]
     assert not [t for t in texts if "gave no value" in t]
 
 
@@ -167,3 +168,31 @@ def test_a_damaged_training_file_stops_with_its_message(root, tmp_path, capsys, 
         assert f"{path}:2: entities span [1, 4, 'PER']" in text and "token boundaries" in text
     else:
         assert f"'{path}'" in text and "truncated" in text
+
+
+def test_a_disabled_components_default_score_weights_are_not_named(tmp_path):
+    """spaCy's default weights name every key of a disabled component (not scored, but
+    its defaults are in the config's weights: here the tagger's tag_acc): the warning
+    for unknown keys named them and said to fix them. (The tagger's pos_acc, weighted
+    0.0, is left out too: see the test above.)"""
+    from spacy.cli.init_config import init_config
+
+    from spacy_lean import synthetic
+
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 8, seed=1, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=2, long_doc_rate=0.0)
+    config = init_config(lang="en", pipeline=["ner", "tagger"], optimize="efficiency")
+    tok2vec = config["components"]["tok2vec"]["model"]
+    tok2vec["encode"]["width"], tok2vec["encode"]["depth"] = 16, 1
+    tok2vec["embed"]["rows"] = [200, 100, 100, 100]
+    config["components"]["ner"]["model"]["hidden_width"] = 16
+    config["nlp"]["disabled"] = ["tagger"]
+    config["paths"]["train"] = str(tmp_path / "train.spacy")
+    config["paths"]["dev"] = str(tmp_path / "dev.spacy")
+    config["training"].update(max_steps=2, max_epochs=0, eval_frequency=1)
+    assert config["training"]["score_weights"]["pos_acc"] == 0.0
+    config.to_disk(tmp_path / "config.cfg")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path / "config.cfg", tmp_path / "out")
+    assert not [w for w in caught if "reports a score named" in str(w.message)]

@@ -395,6 +395,11 @@ def make_distributed_evaluation(
 
     shares_itself = _reader_shares_itself(dev_corpus, ctx, "corpora.dev")
     settings = streaming_settings(nlp)
+    defaults = {
+        key
+        for name in nlp.component_names
+        for key in (nlp.get_pipe_meta(name).default_score_weights or {})
+    }
 
     def evaluate() -> Tuple[float, Dict[str, Any]]:
         evaluator = StreamingEvaluator(nlp, **settings)
@@ -407,7 +412,9 @@ def make_distributed_evaluation(
         result = merged.result()
         score, scores = weighted_score(result, weights)
         keys = [k for k, v in weights.items() if v is not None]
-        unknown = [k for k in keys if k not in result]
+        # A weighted key no scorer reports and no component's defaults name (those of
+        # a disabled component, or the tagger's pos_acc = 0.0, are spaCy's own).
+        unknown = [k for k in keys if weights[k] and k not in result and k not in defaults]
         if unknown and "unknown" not in warned and ctx.rank == 0:
             # No scorer reports it (a misspelt key): not the dev set's doing.
             warned.append("unknown")
