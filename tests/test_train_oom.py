@@ -48,8 +48,6 @@ from spacy_lean.training import (
 from spacy_lean.training.callbacks import CALLBACK_NAME
 from spacy_lean.training.dist import grad_scalers
 
-from linker_util import make_linker_kb, set_links  # noqa: E402
-
 RTOL, ATOL, SCALE_TOL = 1e-4, 1e-6, 1e-5
 PARAM_ATOL = 3e-5
 
@@ -1306,6 +1304,9 @@ def _linker_pipeline():
     The KB knows Q1-Q3; "Ada Lovelace" and "London" are aliases, "Zed Quux" (Q3) is
     not, so a doc of only "Zed Quux" has a linked entity but no candidate. One
     optimizer step taken (the tagger's softmax starts at zero)."""
+    # Imported here: `spacy train --code` loads this file where tests/ is not on the path.
+    from linker_util import make_linker_kb, set_links
+
     fix_random_seed(0)
     listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
     nlp = spacy.blank("en")
