@@ -248,6 +248,44 @@ def test_schedule_budget_per_batch_across_windows():
     assert batcher.stats.padding_fraction <= 0.05
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_schedule_is_kept_in_step_order_when_shuffled(seed):
+    """With `shuffle` (the default), a window's batches were shuffled after being cut
+    within the budgets of steps k, k+1, ...: a batch cut within a late, large budget
+    came out at an early step (the first step of a warm-up padded to 1,000 against a
+    budget of 100). They are shuffled only among batches of the same budget now."""
+    items = long_tailed(900, seed=9)
+    budgets = list(itertools.islice(compounding(100, 1000, 1.5), 2000))
+    batcher = TokenBudgetBatcher(size=iter(budgets), window=300, seed=seed)
+    batches = list(batcher(items))
+    check_batches(items, batches, max(budgets))
+    for budget, batch in zip(budgets, batches):  # batch k within budget k
+        assert max(len(x) for x in batch) * len(batch) <= budget or len(batch) == 1
+    # Past the warm-up (one budget), the batches are still shuffled.
+    plain = TokenBudgetBatcher(size=[100, 1000], window=300, seed=seed, get_length=len)
+    late = list(plain(items))[1:]
+    longest = [max(len(x) for x in b) for b in late[: len(late) // 2]]
+    assert longest != sorted(longest)
+
+
+@pytest.mark.parametrize("size", [[0, 2000], [-5], [100, float("nan")]])
+def test_a_bad_budget_in_a_list_or_schedule_is_refused(size):
+    """A list or schedule's budgets were not checked: 0 or -5 made every item a batch
+    of its own, counted as oversize, with nothing said."""
+    batcher = TokenBudgetBatcher(size=size, window=100, get_length=lambda x: x)
+    with pytest.raises(ValueError, match="must be >= 1 for every batch, but its list or schedule"):
+        list(batcher([10] * 40))
+
+
+@pytest.mark.parametrize("size", ["2000", 1.5, True, None])
+def test_a_size_of_another_type_is_refused(size):
+    """size="2000" was read as the budgets 2, 0, 0, 0 and 1.5 failed deep inside."""
+    with pytest.raises(TypeError, match="must be an int, a list of ints or a schedule"):
+        TokenBudgetBatcher(size=size)
+    with pytest.raises(TypeError, match="window must be a whole number"):
+        TokenBudgetBatcher(window=2.5)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 400), min_size=1, max_size=300),

@@ -10,6 +10,7 @@ benchmarks/train_accuracy.py).
 """
 
 import itertools
+import numbers
 import random
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
@@ -140,8 +141,17 @@ class TokenBudgetBatcher:
         get_length: Optional[Callable[[Any], int]] = None,
         padding_scope: str = "window",
     ) -> None:
+        if isinstance(size, (str, bytes, float, bool)) or not (
+            isinstance(size, int) or hasattr(size, "__iter__")
+        ):
+            raise TypeError(
+                "size (the padded-token budget) must be an int, a list of ints or a "
+                f"schedule, got {size!r}."
+            )
         if isinstance(size, int) and size < 1:
             raise ValueError(f"size (the padded-token budget) must be >= 1, got {size}.")
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be a whole number of items, got {window!r}.")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}.")
         if not 0.0 <= max_padding <= 1.0:
@@ -174,7 +184,15 @@ class TokenBudgetBatcher:
                 self.rng.shuffle(window)
             batches = self._batch_window(window, sizes)
             if self.shuffle:
-                self.rng.shuffle(batches)
+                if sizes.fixed:
+                    self.rng.shuffle(batches)
+                else:
+                    # Batch k was cut within the k-th budget of the schedule: shuffled
+                    # only among batches of the same budget, so the batch yielded k-th
+                    # stays within it (a warm-up's small first budgets too).
+                    n = len(batches)
+                    budgets = [sizes.budget_of(k - n) for k in range(n)]
+                    batches = _shuffled_within_budgets(batches, budgets, self.rng)
             for batch in batches:
                 yield [window[i] for i in batch]
 
@@ -241,6 +259,22 @@ class TokenBudgetBatcher:
         return batches
 
 
+def _shuffled_within_budgets(
+    batches: List[List[int]], budgets: List[int], rng: random.Random
+) -> List[List[int]]:
+    """The batches, each moved only to a place whose budget is its own."""
+    out = list(batches)
+    places: Dict[int, List[int]] = {}
+    for k, budget in enumerate(budgets):
+        places.setdefault(budget, []).append(k)
+    for where in places.values():
+        group = [batches[k] for k in where]
+        rng.shuffle(group)
+        for k, batch in zip(where, group):
+            out[k] = batch
+    return out
+
+
 def _padding(batches: List[List[int]], lengths: List[int]) -> float:
     """Padding share of batches of sorted indices (the last of each is its longest)."""
     padded = sum(lengths[b[-1]] * len(b) for b in batches)
@@ -271,9 +305,19 @@ class _Budgets:
                 if self._drawn is None:
                     raise ValueError("batch_by_tokens: size is an empty list: give a budget.")
                 value = self._drawn
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 1:
+                raise ValueError(
+                    "size (the padded-token budget) must be >= 1 for every batch, but its "
+                    f"list or schedule gave {value!r}. Give budgets of at least 1."
+                )
             self._drawn = int(value)
             self._ahead.append(self._drawn)
         return self._ahead[k]
+
+    @property
+    def fixed(self) -> bool:
+        """One budget for every batch (an int)."""
+        return self._fixed is not None
 
     def consume(self, n: int) -> None:
         """Take the next `n` budgets (for `budget_of`)."""
