@@ -141,6 +141,8 @@ class TokenBudgetBatcher:
         get_length: Optional[Callable[[Any], int]] = None,
         padding_scope: str = "window",
     ) -> None:
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            size = int(size)  # numpy's ints too
         if isinstance(size, (str, bytes, float, bool)) or not (
             isinstance(size, int) or hasattr(size, "__iter__")
         ):
@@ -150,8 +152,9 @@ class TokenBudgetBatcher:
             )
         if isinstance(size, int) and size < 1:
             raise ValueError(f"size (the padded-token budget) must be >= 1, got {size}.")
-        if isinstance(window, bool) or not isinstance(window, int):
+        if isinstance(window, bool) or not isinstance(window, numbers.Integral):
             raise TypeError(f"window must be a whole number of items, got {window!r}.")
+        window = int(window)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}.")
         if not 0.0 <= max_padding <= 1.0:
@@ -184,7 +187,7 @@ class TokenBudgetBatcher:
                 self.rng.shuffle(window)
             batches = self._batch_window(window, sizes)
             if self.shuffle:
-                if sizes.fixed:
+                if sizes.fixed or self.count:  # (batches of `count` items: no budget)
                     self.rng.shuffle(batches)
                 else:
                     # Batch k was cut within the k-th budget of the schedule: shuffled
