@@ -11,12 +11,11 @@ docs/corpus.md) or CoNLL/IOB columns (IOB tags; BIOES/BILUO tags are converted).
 
 import hashlib
 import json
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List
-
-import re
 
 import spacy
 import typer

@@ -237,14 +237,18 @@ def test_epochs_differ_and_replay_from_the_seed():
         assert sorted(i for batch in epoch for i in batch) == sorted(map(id, items))
 
 
+def check_schedule_kept(items, budgets, batches):
+    """Nothing lost, and batch k within budget k (or alone)."""
+    check_batches(items, batches, max(budgets))
+    for budget, batch in zip(budgets, batches):
+        assert max(len(x) for x in batch) * len(batch) <= budget or len(batch) == 1
+
+
 def test_schedule_budget_per_batch_across_windows():
     items = long_tailed(900, seed=9)
     budgets = list(itertools.islice(compounding(300, 3000, 1.05), 2000))
     batcher = TokenBudgetBatcher(size=iter(budgets), window=200, shuffle=False)
-    batches = list(batcher(items))
-    check_batches(items, batches, max(budgets))
-    for budget, batch in zip(budgets, batches):  # batch k within budget k
-        assert max(len(x) for x in batch) * len(batch) <= budget or len(batch) == 1
+    check_schedule_kept(items, budgets, list(batcher(items)))
     assert batcher.stats.padding_fraction <= 0.05
 
 
@@ -257,10 +261,7 @@ def test_a_schedule_is_kept_in_step_order_when_shuffled(seed):
     items = long_tailed(900, seed=9)
     budgets = list(itertools.islice(compounding(100, 1000, 1.5), 2000))
     batcher = TokenBudgetBatcher(size=iter(budgets), window=300, seed=seed)
-    batches = list(batcher(items))
-    check_batches(items, batches, max(budgets))
-    for budget, batch in zip(budgets, batches):  # batch k within budget k
-        assert max(len(x) for x in batch) * len(batch) <= budget or len(batch) == 1
+    check_schedule_kept(items, budgets, list(batcher(items)))
     # Past the warm-up (one budget), the batches are still shuffled.
     plain = TokenBudgetBatcher(size=[100, 1000], window=300, seed=seed, get_length=len)
     late = list(plain(items))[1:]

@@ -107,19 +107,26 @@ def test_a_dev_set_without_scores(root, tmp_path, dev):
         assert all(scores[k] == meta[k] for k in ("ents_f", "ents_p", "ents_r"))
 
 
-def test_a_dev_set_with_scores_does_not_warn(root, tmp_path):
-    """The warning is for dev sets without scores only."""
+def _short_run_warnings(root, output, **overrides):
+    """The warnings of a 2-step run of the messy corpus's config."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(
             root / "config.cfg",
-            tmp_path / "out",
+            output,
             overrides={
                 "training.max_epochs": 0,
                 "training.max_steps": 2,
                 "corpora.train.max_length": 0,
+                **overrides,
             },
         )
+    return caught
+
+
+def test_a_dev_set_with_scores_does_not_warn(root, tmp_path):
+    """The warning is for dev sets without scores only."""
+    caught = _short_run_warnings(root, tmp_path / "out")
     assert not [w for w in caught if "gave no value" in str(w.message)]
     assert not [w for w in caught if "reports a score named" in str(w.message)]
 
@@ -129,19 +136,9 @@ def test_a_misspelt_score_weight_is_named_not_blamed_on_the_dev_set(root, tmp_pa
     `ents_f`) counted as 0 with a warning that blamed the dev set ("every doc is empty
     ... Point --paths.dev at annotated docs"). The warning names the key and the
     pipeline's scores now, and the dev set is not blamed."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        train(
-            root / "config.cfg",
-            tmp_path / "out",
-            overrides={
-                "training.max_epochs": 0,
-                "training.max_steps": 2,
-                "corpora.train.max_length": 0,
-                # pos_acc: weighted 0 (as spaCy's tagger does by default): not named.
-                "training.score_weights": {"ents_fscore": 1.0, "ents_f": None, "pos_acc": 0.0},
-            },
-        )
+    # pos_acc: weighted 0 (as spaCy's tagger does by default): not named.
+    weights = {"ents_fscore": 1.0, "ents_f": None, "pos_acc": 0.0}
+    caught = _short_run_warnings(root, tmp_path / "out", **{"training.score_weights": weights})
     texts = [str(w.message) for w in caught]
     named = [t for t in texts if "reports a score named 'ents_fscore'" in t]
     assert len(named) == 1 and "ents_f, ents_p" in named[0] and "pos_acc" not in named[0]

@@ -403,7 +403,7 @@ class _Trainer:
         if not model.has_decoder:
             raise ValueError("Cannot train a character LM without its decoder (has_decoder=False).")
         encoded = _shared_encoding(texts, dictionary, output_dir / CORPUS_DIR, dist, progress)
-        text_sha256 = _texts_sha256(texts)
+        text_sha256 = _shared_texts_sha256(texts, dist)
         dev = None
         if dev_texts:
             dev_dir = output_dir / DEV_CORPUS_DIR
@@ -734,22 +734,22 @@ class _Trainer:
 _MAX_BATCH_IDS = 10_000_000
 
 
-def _texts_sha256(texts: Sequence[PathLike], chunk: int = 1 << 24) -> str:
-    """A SHA-256 of the training text files' bytes, in the order they are read, a
-    chunk at a time (about 0.2 s per 100 MB): a resume on another text of the same
-    length is told apart, also one written over the old file with its old modification
-    time (whose cached encoding would be reused); the loader state records the length
-    only."""
+def _texts_sha256(texts: Sequence[PathLike]) -> str:
+    """A SHA-256 of the training text files' bytes, in the order they are read (about
+    0.2 s per 100 MB): a resume on another text of the same length is told apart, also
+    one written over the old file with its old modification time (whose cached encoding
+    would be reused); the loader state records the length only."""
     digest = hashlib.sha256()
     for path in expand_paths(texts):
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(chunk)
-                if not block:
-                    break
-                digest.update(block)
+        _hash_file(digest, path)
         digest.update(b"\x00")  # the boundary between files
     return digest.hexdigest()
+
+
+def _shared_texts_sha256(texts: Sequence[PathLike], dist: _Dist) -> str:
+    """`_texts_sha256` read by the main worker only and sent to the others."""
+    digest = _texts_sha256(texts) if dist.is_main else None
+    return _broadcast_json(digest, dist) if dist.enabled else digest
 
 
 def _batch_ids_limit(n_chars: int) -> int:
@@ -859,11 +859,16 @@ def _check_resume_state(state: Dict[str, Any], path: Path, n_chars: int, model: 
         refuse("hidden", hidden, f"null or {model.state_count} recurrent state(s) of shape {shape}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def _hash_file(digest: Any, path: PathLike) -> None:
+    """Add a file's bytes to `digest`, a block at a time."""
     with Path(path).open("rb") as file_:
         for block in iter(lambda: file_.read(1 << 20), b""):
             digest.update(block)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    _hash_file(digest, path)
     return digest.hexdigest()
 
 

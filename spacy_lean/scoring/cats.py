@@ -236,20 +236,14 @@ class CatsState(ScoreState):
 
     def to_dict(self) -> Dict[str, Any]:
         return {
-            **self._saved_settings(),
+            **self._saved_settings(),  # attr, labels, multi_label, ...: checked on load
             "kind": self.kind,
-            "labels": list(self.labels),
             "f_per_type": per_type_to_list(self.f_per_type),
             "auc_per_type": [[k, v.to_list()] for k, v in self.auc_per_type.items()],
         }
 
     def load_dict(self, data: Dict[str, Any]) -> "CatsState":
-        self._check_kind(data)
-        if list(data["labels"]) != self.labels:
-            raise ValueError(
-                f"Saved cats state has labels {data['labels']}, the component has "
-                f"{self.labels}: restore it with the pipeline it was made with."
-            )
+        self._check_kind(data)  # the labels too
         self.f_per_type = per_type_from_list(data["f_per_type"], "f_per_type")
         self.auc_per_type = {
             label: ScoreCounts.from_list(row[1], f"{where}[1]")

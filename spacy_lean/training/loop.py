@@ -71,9 +71,9 @@ from .stopping import StopRequest, TrainingStopped
 from .update import (
     UpdatePolicy,
     lean_update,
-    linked_entities,
     linker_learns,
     linkers_learn_linked_entities,
+    loss_denominator,
     loss_reduction,
 )
 
@@ -487,12 +487,12 @@ def save_training_state(
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         block = nlp.config["nlp"]
-        saved = {key: block.get(key) for key in nlp_settings or {}}
+        live = {key: block.get(key) for key in nlp_settings or {}}
         block.update(nlp_settings or {})
         try:
             nlp.to_disk(tmp / "model")
         finally:
-            block.update(saved)
+            block.update(live)
         saved = dict(state, optimizer=save_optimizer(optimizer, entries, tmp / OPTIMIZER_FILE))
         # The standard library's JSON writes every float exactly (repr); srsly's keeps 10
         # decimals, which changed the saved losses, scores and cached gaussians. Strict
@@ -789,11 +789,7 @@ def _loss_weight(
     entities, counted after the update as its loss counted them); 1 for a sum."""
     if reduction is None:
         return 1.0
-    if not batch:
-        return 0.0
-    if reduction == "entities":
-        return float(linked_entities(nlp.get_pipe(name), batch))
-    return float(len(batch))
+    return loss_denominator(nlp, name, reduction, batch) if batch else 0.0
 
 
 def _new_labels(nlp: Language, before: Dict[str, List[str]]) -> Dict[str, List[str]]:

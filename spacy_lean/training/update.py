@@ -455,6 +455,17 @@ def linked_entities(proc: EntityLinker, examples: Sequence[Example]) -> int:
     return n
 
 
+def loss_denominator(
+    nlp: Language, name: str, reduction: str, examples: Sequence[Example]
+) -> float:
+    """What component `name`'s loss of these (updated) examples is a mean over, for
+    `reduction` "mean" (its docs) or "entities" (an entity_linker's linked entities,
+    as its loss counted them): a part's loss weighs by its share of the whole's."""
+    if reduction == "entities":
+        return float(linked_entities(nlp.get_pipe(name), examples))
+    return float(len(examples))
+
+
 def linker_learns(proc: Any, examples: Sequence[Example]) -> bool:
     """Whether an entity_linker with `use_gold_ents` learns from these examples (some
     gold entity has a KB candidate): known before the update. False for any other
@@ -908,11 +919,14 @@ def _update_groups(
         relay.finish()
         return
     reductions = _loss_weights(nlp, policy, kwargs["exclude"])
-    linkers = {name: nlp.get_pipe(name) for name, how in reductions.items() if how == "entities"}
+    means = {name: how for name, how in reductions.items() if how in ("mean", "entities")}
     unseen_after = []
-    n = len(examples)
-    parts: List[Tuple[List[int], Dict[str, float], Dict[str, int]]] = []
-    learners = [proc for proc in linkers.values() if linker_learns(proc, examples)]
+    parts: List[Tuple[Dict[str, float], Dict[str, float]]] = []
+    learners = [
+        nlp.get_pipe(name)
+        for name, how in means.items()
+        if how == "entities" and linker_learns(nlp.get_pipe(name), examples)
+    ]
     with linkers_learn_linked_entities(learners):
         for group in groups:
             part_losses: Dict[str, float] = {}
@@ -922,16 +936,12 @@ def _update_groups(
             relay.update(lambda: update(nlp, part, sgd=False, losses=part_losses, **kwargs))
             unseen_after.append(state.read_unseen())
             # After the update: the entities the linker saw (annotating components').
-            linked = {name: linked_entities(proc, part) for name, proc in linkers.items()}
-            parts.append((group, part_losses, linked))
-    all_linked = {name: sum(linked[name] for _, _, linked in parts) for name in linkers}
-    for group, part_losses, linked in parts:
+            over = {name: loss_denominator(nlp, name, how, part) for name, how in means.items()}
+            parts.append((part_losses, over))
+    totals = {name: sum(over[name] for _, over in parts) for name in means}
+    for part_losses, over in parts:
         for key, value in part_losses.items():
-            weight = 1.0
-            if reductions.get(key) == "mean":
-                weight = len(group) / n
-            elif key in linkers and all_linked[key]:
-                weight = linked[key] / all_linked[key]
+            weight = over[key] / totals[key] if key in means and totals[key] else 1.0
             losses[key] = losses.get(key, 0.0) + weight * value
     state.merge_unseen(unseen_after)
     relay.finish()
