@@ -126,9 +126,15 @@ t.check_oom_benchmark(json.load(open('$LOGS/oom_gpu.json'))); print('checked')"
     # only its own tracebacks (pytest prints them at the end).
     step tests_ddp 400 bash "$0" tests 250 tests/test_train_ddp.py &
     step tests_project 400 bash "$0" tests 380 tests/test_project.py &
-    # Saves after every run, most telling pairs first: a run cut short keeps what it measured.
-    step train_memory_gpu 600 bash "$0" bench train_memory.py --gpu-id 0 --threads 4 --seeds 1 \
-      --output "$LOGS/train_memory_gpu.json" &
+    # Saves after every run: a run cut short keeps what it measured. The main pairs ran twice
+    # (2026-11-27 and -28, benchmarks/results/gpu/): first the runs never reached (the lean
+    # config and both bounds below the 1x corpus, 1x and 16x), then the pairs with 3 seeds.
+    (
+      step train_memory_extra 200 bash "$0" bench train_memory.py --gpu-id 0 --threads 4 \
+        --only-extra --output "$LOGS/train_memory_gpu_extra.json"
+      step train_memory_gpu 600 bash "$0" bench train_memory.py --gpu-id 0 --threads 4 --seeds 3 \
+        --output "$LOGS/train_memory_gpu.json"
+    ) &
     wait
     nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
     tar -czf "$OUT/gpu_results.tgz" -C "$LOGS" .
