@@ -336,6 +336,7 @@ def test_only_rank_0_logs_and_writes(two_ranks):
     assert writers.read_text().split() and set(writers.read_text().split()) == {"0"}
     assert proc.stdout.count("Initial learn rate") == 1
     assert "Data-parallel: 2 ranks (gloo)" in " ".join(proc.stdout.split())
+    assert "use_upper = true" not in proc.stdout  # the transformer ner has no upper layer
     assert (out / "model-best").exists() and (out / "model-last").exists()
     state = srsly.read_json(out / "training-state" / "state.json")
     assert state["world_size"] == 2 and state["step"] == 3 and len(state["ranks"]) == 2
@@ -914,8 +915,12 @@ def test_losses_under_other_names_are_summed_over_the_ranks(
     what rank 0 logs is the sum over both ranks (it was rank 0's alone, and rank 1's
     name was missing), as one process with 4 docs a step logs it; the state saved at
     step 3 holds step 3's sums. About 25 s: 3 fresh processes."""
-    _, two, _ = tiny_two_ranks
+    proc, two, _ = tiny_two_ranks
     _, one, _ = tiny_one_rank
+    # `spacy init config`'s ner has an upper layer, whose dropout no setting turns off.
+    assert "ner: with use_upper = true, spaCy's parser model drops 10%" in " ".join(
+        proc.stdout.split()
+    )
     assert sorted(two) == sorted(one) == [0, 2]
     expected = {0: {"probe_examples": 4.0, "probe_rank0": 1.0, "probe_rank1": 1.0},
                 2: {"probe_examples": 8.0, "probe_rank0": 2.0, "probe_rank1": 2.0}}  # fmt: skip
@@ -1324,13 +1329,21 @@ kb_path = ${paths.kb}
 """
 
 
-def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path):
+# 5 tokens each: spaCy's subdivide_batch sorts by length, so equal lengths keep each
+# rank's order and the ranks' j-th subbatches are together one process's j-th.
+LONDON = ("London is big today .", [(0, 1, "Q2")])
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path, accumulate):
     """An entity_linker (gold entities) on 2 ranks, rank 0's share of only docs whose
     linked entity has no KB candidate ("Zed Quux" is no alias): rank 0's linker
     skipped its share, where one process with both shares learns from it (weights off
     by up to 0.2), and the ranks' losses were summed (logged twice one process's). The
     ranks share whether the step's linker learns, and weight its loss by their linked
-    entities: the weights and the logged losses are one process's."""
+    entities: the weights and the logged losses are one process's. With
+    accumulate_gradient = 2 the ranks share it per subbatch (before, each rank's
+    subbatches decided alone: weights off by 0.2, the loss logged at a tenth)."""
     from spacy.tokens import DocBin
 
     nlp = spacy.blank("en")
@@ -1344,13 +1357,16 @@ def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path):
 
     zed, ada, rain = ZED, ADA, RAIN
     # Streamed shares: rank r takes docs i % 2 == r, so rank 0 gets every "Zed Quux".
-    train = [make(*(zed if i % 2 == 0 else ada if i % 4 == 1 else rain)) for i in range(16)]
+    if accumulate == 1:
+        train = [make(*(zed if i % 2 == 0 else ada if i % 4 == 1 else rain)) for i in range(16)]
+    else:
+        train = [make(*(zed if i % 2 == 0 else LONDON)) for i in range(16)]
     DocBin(docs=train).to_disk(tmp_path / "train.spacy")
     DocBin(docs=[make(*ada), make(*rain), make(*zed)]).to_disk(tmp_path / "dev.spacy")
     (tmp_path / "config.cfg").write_text(LINKER_CONFIG, encoding="utf8")
     (tmp_path / "probe_code.py").write_text("", encoding="utf8")
     paths = ["--paths.train", tmp_path / "train.spacy", "--paths.dev", tmp_path / "dev.spacy"]
-    paths += ["--paths.kb", tmp_path / "kb"]
+    paths += ["--paths.kb", tmp_path / "kb", "--training.accumulate_gradient", accumulate]
     one = run_tiny(tmp_path, tmp_path / "one", *paths)
     assert one.returncode == 0, one.stdout + one.stderr
     two = run_tiny(tmp_path, tmp_path / "two", "--nproc", "2", "--training.batcher.size", 4, *paths)

@@ -217,6 +217,7 @@ BAD_FIELDS = [
     (("ranks", 0, "skipped"), "3", "ranks[0].skipped must be a whole number >= 0"),
     (("ranks", 0, "epoch_random"), [3, [0] * 10, None], "ranks[0].epoch_random must be a state"),
     (("ranks", 0, "batcher_rng"), 42, "ranks[0].batcher_rng must be null or a state"),
+    (("ranks", 0, "size_drawn"), -2, "ranks[0].size_drawn must be null or a whole number >= 0"),
     (("ranks", 0, "rng"), None, "ranks[0].rng must be an object"),
     (("ranks", 0, "rng", "random"), [3, [0] * 624 + [625], None], "ranks[0].rng.random must"),
     (("ranks", 0, "rng", "torch"), [1, 2, 3], "ranks[0].rng.torch must be a state"),
@@ -873,3 +874,99 @@ def test_resume_with_another_seed_says_it_changes_nothing(setup, copied, capsys)
     srsly.write_json(path, dict(state, seed="7"))
     message = resume_fails(setup, out, capsys, **{"training.max_epochs": 5})
     assert "seed must be a whole number or null" in message
+
+
+@pytest.fixture(scope="module")
+def compounding(tmp_path_factory, tiny_ner_config):
+    """12 training docs batched by a size schedule (1, 1.5, 2.25, ... up to 6 docs):
+    thinc's `compounding` is a generator, which the batcher goes on drawing from across
+    epochs, so an epoch's batches depend on how many sizes the epochs before drew."""
+    root = tmp_path_factory.mktemp("compounding")
+    synthetic.write_ner_corpus(root / "train.spacy", 12, seed=41)
+    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
+    config = tiny_ner_config()
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["training"].update(max_steps=0, max_epochs=3, eval_frequency=2)
+    size = {"@schedules": "compounding.v1", "start": 1, "stop": 6, "compound": 1.5}
+    config["training"]["batcher"] = {"@batchers": "spacy.batch_by_sequence.v1", "size": size}
+    config["training"]["batcher"]["get_length"] = None
+    config.to_disk(root / "config.cfg")
+    return root
+
+
+@pytest.mark.parametrize(
+    "stop,total,max_epochs",
+    [
+        # Stopped in epoch 1: the resumed run's schedule started again at 1 doc a batch
+        # (its weights 0.003 from the uninterrupted run's, 169 fewer words trained, and a
+        # warning that blamed a change of the batcher's settings).
+        (6, 9, 0),
+        # Stopped in epoch 0 of max_epochs = 1: the check whether the last epoch had a
+        # batch left drew sizes that the replay then missed (resumed run ended at step 5).
+        (2, 9, 1),
+    ],
+)
+def test_resume_with_a_batch_size_schedule_gives_the_uninterrupted_run(
+    compounding, tmp_path, capsys, stop, total, max_epochs
+):
+    overrides = {"training.max_steps": total, "training.max_epochs": max_epochs}
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    run(compounding, whole, **overrides)
+    run(compounding, out, **{**overrides, "training.max_steps": stop})
+    capsys.readouterr()
+    run(compounding, out, resume=True, **overrides)
+    assert "⚠" not in capsys.readouterr().out
+    same_run(out, whole)
+    assert read_training_state(whole)["ranks"][0]["size_drawn"] > 0
+
+
+@pytest.mark.parametrize("key", ["examples", "skipped"])
+def test_resume_refuses_more_examples_than_the_epoch_has(setup, tmp_path, capsys, key):
+    """A state at step 4, epoch 1 (2 of its 3 batches trained) with a million examples
+    trained or skipped in that epoch passed every check; the resume warned that the
+    batcher's settings had changed, skipped the rest of the epoch and went on."""
+    out = tmp_path / "run"
+    run(setup, out, **{"training.max_steps": 4})
+    path = out / "training-state" / "state.json"
+    state = srsly.read_json(path)
+    state["ranks"][0][key] = 10**6
+    srsly.write_json(path, state)
+    text = resume_fails(setup, out, capsys)
+    assert f"{path}: the saved run trained or skipped more examples in epoch 1" in text
+    assert FIX in text and "batcher's settings changed" not in text
+
+
+@pytest.mark.parametrize(
+    "found,said",
+    [("spacy-lean.train-state.v2", "'spacy-lean.train-state.v2'"), (None, "names no format")],
+)
+def test_a_state_of_another_format_names_the_format_found(copied, found, said):
+    out, path, state = copied
+    state["format"] = found
+    srsly.write_json(path, state)
+    with pytest.raises(TrainingStateError) as info:
+        read_training_state(out)
+    assert said in str(info.value) and "spacy-lean.train-state.v1" in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "delete"])
+def test_a_damaged_saved_pipeline_is_named_as_damaged(setup, copied, capsys, damage):
+    """A truncated or emptied file of training-state/model was blamed on a config that
+    shapes the model otherwise (and resuming with the run's config, as advised, failed
+    the same way); a missing one ended in a traceback."""
+    out, _, _ = copied
+    saved = out / "training-state" / "model"
+    target = saved / "ner" / "model"
+    data = target.read_bytes()
+    if damage == "delete":
+        target.unlink()
+    else:
+        target.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"")
+    text = resume_fails(setup, out, capsys)
+    if damage == "delete":
+        assert f"The saved pipeline's file {target} is missing" in text
+    else:
+        assert f"Could not read the saved pipeline {saved} (ValueError: " in text
+        assert "truncated or damaged" in text and "shapes the model" not in text
+    assert FIX in text and "Traceback" not in text

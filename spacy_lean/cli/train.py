@@ -67,6 +67,35 @@ def _single_process_view() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> str:
+    """What to say when the saved pipeline does not load into the config's pipeline: a
+    file of it is missing or damaged (it does not load with its own config.cfg either),
+    or the config shapes the model otherwise than the run's did (thinc: "Attempt to
+    change dimension ..."), where the run's own config is the fix."""
+    from ..training.dist import STATE_FIX
+
+    reason = f"{type(err).__name__}: {err}"
+    if isinstance(err, FileNotFoundError):
+        return (
+            f"The saved pipeline's file {err.filename} is missing: the training state in "
+            f"{saved_model.parent} is incomplete. {STATE_FIX}"
+        )
+    try:
+        util.load_model_from_path(saved_model)
+    except Exception:
+        return (
+            f"Could not read the saved pipeline {saved_model} ({reason}): one of its files is "
+            "truncated or damaged (it does not load with its own config.cfg either). " + STATE_FIX
+        )
+    return (
+        f"Could not load the saved pipeline {saved_model} into the pipeline of {config_path} "
+        f"({reason}): a setting of the config that shapes the model differs from the run's. "
+        f"Resume with the config the run was started with (its copy: "
+        f"{saved_model / 'config.cfg'}), or train again without --resume (into another "
+        "--output folder to keep this one)."
+    )
+
+
 def _fail(msg: Printer, text: str, dctx: Optional["DistContext"] = None) -> NoReturn:
     """`msg.fail(text, exits=1)` (a wasabi printer made with no_print exits with a
     stack trace). Rank 0 prints; so does local rank 0 of every other node, which may
@@ -280,16 +309,8 @@ def train(
                 nlp = util.load_model_from_config(config, auto_fill=True)
         try:
             nlp.from_disk(saved_model, exclude=["config"])
-        except ValueError as err:  # thinc: "Attempt to change dimension ..."
-            _fail(
-                msg,
-                f"Could not load the saved pipeline {saved_model} into the pipeline of "
-                f"{config_path} ({err}): a setting of the config that shapes the model "
-                "differs from the run's. Resume with the config the run was started with "
-                f"(its copy: {saved_model / 'config.cfg'}), or train again without --resume "
-                "(into another --output folder to keep this one).",
-                dctx,
-            )
+        except Exception as err:
+            _fail(msg, _saved_model_error(saved_model, config_path, err), dctx)
         msg.good(f"Loaded {saved_model} (step {state['step']})")
         try:
             training = nlp.config["training"]

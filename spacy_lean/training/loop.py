@@ -10,6 +10,7 @@ so the score is the one of a single process. Only rank 0 logs and writes.
 """
 
 import copy
+import functools
 import json
 import math
 import random
@@ -17,6 +18,7 @@ import shutil
 import signal
 import sys
 import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from timeit import default_timer as timer
 from typing import (
@@ -157,6 +159,71 @@ def _corpus_fingerprint(corpus) -> Optional[str]:
         return None
 
 
+class _SizeDraws:
+    """A batch-size schedule that is a generator (thinc's `compounding`, `decaying`):
+    spaCy's batchers and `batch_by_tokens` call `iter(size)` once per epoch and so go
+    on drawing from it across epochs. Counted, a resumed run draws as many as the saved
+    run had before the epoch it resumes in; a look-ahead's draws are given back."""
+
+    def __init__(self, schedule: Iterator) -> None:
+        self._schedule = schedule
+        self.drawn = 0
+        self._given_back: List[Any] = []
+        self._log: Optional[List[Any]] = None
+
+    def __iter__(self) -> "_SizeDraws":
+        return self
+
+    def __next__(self) -> Any:
+        value = self._given_back.pop() if self._given_back else next(self._schedule)
+        self.drawn += 1
+        if self._log is not None:
+            self._log.append(value)
+        return value
+
+    def skip(self, n: int) -> None:
+        for _ in range(n):
+            next(self)
+
+    @contextmanager
+    def look_ahead(self) -> Iterator[None]:
+        log: List[Any] = []
+        drawn, self._log = self.drawn, log
+        try:
+            yield
+        finally:
+            self._log = None
+            self._given_back.extend(reversed(log))
+            self.drawn = drawn
+
+
+def _count_size_draws(batcher) -> Tuple[Any, Optional[_SizeDraws]]:
+    """The batcher with its `size` counted where that is a generator (a list or an int
+    starts afresh every epoch: nothing to count), found on a spaCy batcher
+    (`functools.partial(..., size=...)`) or an object's `size` (`batch_by_tokens`); a
+    batcher whose size is elsewhere is left as it is."""
+    if isinstance(batcher, functools.partial):
+        size = batcher.keywords.get("size")
+        if _is_generator_like(size):
+            draws = _SizeDraws(size)
+            kwargs = {**batcher.keywords, "size": draws}
+            return functools.partial(batcher.func, *batcher.args, **kwargs), draws
+    elif _is_generator_like(getattr(batcher, "size", None)):
+        draws = _SizeDraws(batcher.size)
+        batcher.size = draws
+        return batcher, draws
+    return batcher, None
+
+
+def _is_generator_like(size: Any) -> bool:
+    if isinstance(size, (str, bytes, int, float)) or size is None:
+        return False
+    try:
+        return iter(size) is size
+    except TypeError:
+        return False
+
+
 class RankBatches:
     """The batches of this rank, epoch by epoch, as spaCy's `create_train_batches`
     makes them from this rank's share of the corpus; an epoch can be replayed from its
@@ -167,7 +234,7 @@ class RankBatches:
     ):
         self.nlp = nlp
         self.corpus = corpus
-        self.batcher = batcher
+        self.batcher, self.size_draws = _count_size_draws(batcher)
         self.max_epochs = max_epochs
         self.ctx = ctx
         self.name = name  # how a message names the reader
@@ -177,11 +244,13 @@ class RankBatches:
         # Per epoch: what resuming needs to replay it.
         self.epoch_random: Any = None
         self.batcher_rng: Any = None
+        self.size_drawn: Optional[int] = None  # the schedule's draws before this epoch
         self.batches = 0
         self.n_examples = 0
         self.skipped = 0
         self.replay_differed = False
         self.replayed_examples = 0
+        self.short_by = 0  # examples a resume was to skip that the epoch does not have
 
     def epoch(
         self,
@@ -200,6 +269,7 @@ class RankBatches:
         self.epoch_random = _jsonable(random.getstate())
         rng = getattr(self.batcher, "rng", None)
         self.batcher_rng = _jsonable(rng.getstate()) if isinstance(rng, random.Random) else None
+        self.size_drawn = None if self.size_draws is None else self.size_draws.drawn
         if self.max_epochs >= 0:
             # A shuffled copy of the listed order (spaCy shuffles the list in place), so
             # the epoch's order depends only on the random state saved at its start and
@@ -216,6 +286,7 @@ class RankBatches:
         if skip_examples:
             for _ in zip(range(skip_examples), examples):
                 self.skipped += 1
+        self.short_by = skip_examples - self.skipped
         batches = iter(self.batcher(examples))
         self.batches = 0
         self.n_examples = 0
@@ -236,6 +307,7 @@ class RankBatches:
             self.skipped = 0
             for _ in zip(range(skip_examples + expect_examples), examples):
                 self.skipped += 1
+            self.short_by = skip_examples + expect_examples - self.skipped
             batches = iter(self.batcher(examples))
             self.batches = 0
             self.n_examples = 0
@@ -255,14 +327,16 @@ class RankBatches:
         saved = random.getstate(), numpy.random.get_state()
         rng = getattr(self.batcher, "rng", None)
         rng_state = rng.getstate() if isinstance(rng, random.Random) else None
+        sizes = self.size_draws.look_ahead() if self.size_draws is not None else nullcontext()
         try:
-            left = self.epoch(
-                epoch,
-                skip_batches=skip_batches,
-                skip_examples=skip_examples,
-                expect_examples=expect_examples,
-            )
-            return next(left, None) is not None
+            with sizes:
+                left = self.epoch(
+                    epoch,
+                    skip_batches=skip_batches,
+                    skip_examples=skip_examples,
+                    expect_examples=expect_examples,
+                )
+                return next(left, None) is not None
         finally:
             random.setstate(saved[0])
             numpy.random.set_state(saved[1])
@@ -560,8 +634,12 @@ def read_training_state(output_path: Path) -> Dict[str, Any]:
             f"{file_} is not valid JSON ({type(err).__name__}: {err}). {STATE_FIX}"
         ) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else None
+        said = f"its format is {found!r}" if isinstance(found, str) else "it names no format"
         raise TrainingStateError(
-            f"{file_} is not a spacy-lean training state ({STATE_FORMAT}). {STATE_FIX}"
+            f"{file_} is not a spacy-lean training state of the format this version "
+            f"reads ({STATE_FORMAT}): {said}. A state another spacy-lean version wrote is "
+            f"resumed with that version. {STATE_FIX}"
         )
     _check_state(state, file_)
     # A diverged run's dev score or loss may be NaN or infinite: the resumed run logs
@@ -698,6 +776,8 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
                 rank.get("epoch_random"),
                 "a state random.getstate() writes",
             )
+        if not (rank.get("size_drawn") is None or _is_count(rank["size_drawn"])):
+            fail(f"{where}.size_drawn", rank["size_drawn"], "null or a whole number >= 0")
         if not (rank.get("batcher_rng") is None or _is_random_state(rank["batcher_rng"])):
             fail(
                 f"{where}.batcher_rng",
@@ -870,6 +950,36 @@ def check_state_against_corpus(
         )
 
 
+def _upper_dropout_parsers(nlp: Language, frozen: Sequence[str]) -> List[str]:
+    """The trained parsers and ners with an upper layer: spaCy's ParserStepModel is built
+    with a hidden-layer dropout of 0.1 in training, not the update's `drop`."""
+    return [
+        name
+        for name, proc in nlp.pipeline
+        if name not in frozen
+        and isinstance(proc, Parser)
+        and getattr(proc, "model", None) is not None
+        and proc.model.attrs.get("has_upper")
+    ]
+
+
+def check_skipped_examples(
+    state: Dict[str, Any], epoch: int, short_by: float, world_size: int
+) -> None:
+    """Raise TrainingStateError when the ranks' replay of the saved epoch ran out of
+    examples before it had skipped what the state says was trained or skipped in it
+    (`short_by`: those missing, summed over the ranks)."""
+    if not short_by:
+        return
+    file_ = Path(state["path"]) / STATE_FILE if state.get("path") else STATE_FILE
+    raise TrainingStateError(
+        f"{file_}: the saved run trained or skipped more examples in epoch {epoch} than "
+        f"[corpora.train] gives in an epoch ({int(short_by):,} more, over {world_size} "
+        "rank(s)). The state was edited or damaged, or the corpus changed since it was "
+        f"saved: resume on the corpus the run was trained on. {STATE_FIX}"
+    )
+
+
 def _is_numpy_state(value: Any) -> bool:
     # numpy's legacy `set_state` takes the position unchecked: one outside the key
     # would read other memory. (torch and Python check their generators' states.)
@@ -998,18 +1108,21 @@ def train(
     # rank's docs: each rank's is weighted by its share of the step's docs; one that is
     # a mean over linked entities (entity_linker's), by its share of those. (Summed, it
     # was N times one process's on N ranks.) One process keeps its own value, as stock.
-    # Entity linkers whose whole-step decision to learn is shared among the ranks (a
-    # rank's share with linked entities but no candidate is skipped otherwise, where
-    # one process learns from it). One subbatch at a time with accumulate_gradient.
+    # Entity linkers whose decision to learn is shared among the ranks (a rank's share
+    # with linked entities but no candidate is skipped otherwise, where one process
+    # learns from it): per step, or with accumulate_gradient per subbatch, the ranks'
+    # j-th subbatches taken together as one process's j-th.
     linkers = (
         [
             proc
             for name, proc in nlp.pipeline
             if name not in frozen and isinstance(proc, EntityLinker) and proc.use_gold_ents
         ]
-        if ctx.world_size > 1 and T["accumulate_gradient"] == 1
+        if ctx.world_size > 1
         else []
     )
+    # subdivide_batch yields up to accumulate_gradient + 1 subbatches (the remainder).
+    n_slots = T["accumulate_gradient"] + 1 if T["accumulate_gradient"] > 1 else 1
     mean_losses = (
         {
             name: how
@@ -1102,6 +1215,9 @@ def train(
         rng = getattr(T["batcher"], "rng", None)
         if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
             rng.setstate(_tupled(rank_resume["batcher_rng"]))
+        if rank_resume.get("size_drawn") is not None and batches.size_draws is not None:
+            # A batch-size schedule goes on across epochs: where it stood at the epoch's start.
+            batches.size_draws.skip(int(rank_resume["size_drawn"]))
         if T["max_epochs"] > 0 and epoch == T["max_epochs"] - 1:
             # A state saved at an evaluation on the last batch of the last epoch (a run
             # stopped there by max_steps or patience, or killed before its final
@@ -1112,7 +1228,9 @@ def train(
                 skip_examples=skip_examples,
                 expect_examples=expect_examples,
             )
-            if not ctx.all_reduce_sum([left])[0]:
+            left, short_by = ctx.all_reduce_sum([left, batches.short_by])
+            check_skipped_examples(resume, epoch, short_by, ctx.world_size)
+            if not left:
                 check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
     elif ctx.is_main:
         clean_output_dir(output_path)
@@ -1148,6 +1266,7 @@ def train(
             "skipped": batches.skipped,
             "epoch_random": batches.epoch_random,
             "batcher_rng": batches.batcher_rng,
+            "size_drawn": batches.size_drawn,
             "rng": _rng_states(),
             "update_policy": policy.to_dict(),
         }
@@ -1192,6 +1311,16 @@ def train(
                 )
                 + "\n"
             )
+            for name in _upper_dropout_parsers(nlp, frozen):
+                stdout.write(
+                    msg.info(
+                        f"{name}: with use_upper = true, spaCy's parser model drops 10% of "
+                        "the hidden layer in every training step whatever [training] dropout "
+                        "is, so the output layer's weights on several ranks come close to one "
+                        "process's, not equal (use_upper = false makes them equal)"
+                    )
+                    + "\n"
+                )
         if resume is not None:
             where = (
                 f"each rank replays its first {skip_batches} batches of the epoch unused"
@@ -1229,7 +1358,8 @@ def train(
     ):
         _set_rng_states(rank_resume["rng"])
     if resume is not None:
-        differed = ctx.all_reduce_sum([batches.replay_differed])[0]
+        differed, short_by = ctx.all_reduce_sum([batches.replay_differed, batches.short_by])
+        check_skipped_examples(resume, epoch, short_by, ctx.world_size)
         if differed and ctx.is_main:
             stdout.write(
                 msg.warn(
@@ -1237,8 +1367,9 @@ def train(
                     f"{batches.replayed_examples} examples, the saved run trained "
                     f"{expect_examples} in them (on {int(differed)} of {ctx.world_size} rank(s) "
                     "they differ): the batcher's settings changed since the state was "
-                    "saved. Each rank skips the examples it trained on in this epoch "
-                    "instead, and batches the rest with the new settings."
+                    "saved, or it draws its sizes from a schedule spacy-lean cannot find "
+                    "(a custom batcher's, not its `size`). Each rank skips the examples it "
+                    "trained on in this epoch instead, and batches the rest as it now does."
                 )
                 + "\n"
             )
@@ -1252,14 +1383,25 @@ def train(
         try:
             while True:
                 batch = next(batch_iter, None)
-                # Whether each entity_linker (with gold entities) learns from the whole
-                # step's batch, as one process would: it does where some rank's share
-                # has a KB candidate; then every rank's linked entities count.
-                reduced = ctx.all_reduce_sum(
-                    [batch is not None] + [linker_learns(proc, batch) for proc in linkers]
+                subbatches = (
+                    list(subdivide_batch(batch, T["accumulate_gradient"]))
+                    if batch is not None
+                    else []
                 )
+                # Whether each entity_linker (with gold entities) learns from the step's
+                # batch (its j-th subbatch), as one process would: it does where some
+                # rank's share has a KB candidate; then every rank's linked entities count.
+                learns = [
+                    j < len(subbatches) and linker_learns(proc, subbatches[j])
+                    for j in range(n_slots if linkers else 0)
+                    for proc in linkers
+                ]
+                reduced = ctx.all_reduce_sum([batch is not None] + learns)
                 n_with_batch = reduced[0]
-                learners = [proc for proc, n in zip(linkers, reduced[1:]) if n > 0]
+                learners = [
+                    [proc for i, proc in enumerate(linkers) if reduced[1 + j * len(linkers) + i]]
+                    for j in range(len(subbatches))
+                ]
                 if n_with_batch == 0:
                     if steps_this_epoch == 0:
                         raise ValueError(Errors.E986)
@@ -1278,8 +1420,8 @@ def train(
                 step_losses: Dict[str, float] = {}
                 words = 0
                 if batch is not None:
-                    for subbatch in subdivide_batch(batch, T["accumulate_gradient"]):
-                        with linkers_learn_linked_entities(learners):
+                    for subbatch, subbatch_learners in zip(subbatches, learners):
+                        with linkers_learn_linked_entities(subbatch_learners):
                             lean_update(
                                 nlp,
                                 subbatch,

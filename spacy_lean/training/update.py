@@ -35,7 +35,9 @@ One gradient is not a sum over the batch in spaCy 3: the parser/ner lower layer'
 gets a term from the batch's last token for every missing context feature;
 `exact_parser_gradient` (on by default) removes that term (see `parser_grad`).
 
-Exact only with dropout 0: dropout draws random masks per call. The parser's oracle cut
+Exact only with dropout 0: dropout draws random masks per call, and a parser or ner
+with `use_upper = true` draws its own (a rate of 0.1 on the hidden layer, spaCy's
+ParserStepModel) whatever the dropout is. The parser's oracle cut
 (`update_with_oracle_cut_size`) draws a random length per call too, which matters for
 docs longer than half of it.
 """
