@@ -1088,6 +1088,38 @@ def test_bad_numbers_are_refused_before_anything_starts(setup, tmp_path, args, n
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        # Trained on GPU 0 only, silently: one process, and local rank 0 takes the first id.
+        (["--gpu-ids", "0,1"], "--gpu-ids names 2 GPUs (0,1) for 1 process(es)"),
+        (["--nproc", "2", "--gpu-ids", "0,1,2"], "so 1 would stay idle. Add --nproc 3"),
+        # --gpu-id was ignored.
+        (["--gpu-id", "0", "--gpu-ids", "1,2"], "--gpu-id 0 and --gpu-ids 1,2 both name GPUs"),
+        # thinc's "Cannot use GPU, CuPy is not installed", as a traceback.
+        (["--gpu-id", "0"], "GPU 0: cupy is not installed"),
+        (["--nproc", "2", "--gpu-ids", "0,1"], "GPU 0,1: cupy is not installed"),
+    ],
+)
+def test_gpu_options_that_cannot_work_are_refused_before_anything_starts(
+    setup, tmp_path, args, needle
+):
+    from spacy.cli._util import app
+    from thinc.util import has_cupy
+    from typer.testing import CliRunner
+
+    import spacy_lean.cli  # noqa: F401  (adds `lean` to spaCy's CLI app)
+
+    if "cupy is not installed" in needle and has_cupy:
+        pytest.skip("cupy is installed here")
+    command = ["lean", "train", str(setup / "config.cfg"), "--output", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, command + args)
+    assert result.exit_code == 1 and needle in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    if "cupy" in needle:
+        assert "pip install spacy-lean[cuda12x]" in " ".join(result.output.split())
+
+
 def test_the_local_launcher_ignores_an_inherited_master_addr(tmp_path):
     """A job script that exported MASTER_ADDR for torchrun on another node: `--nproc`
     kept it with a port free on this machine, and the ranks waited for --timeout, then
@@ -1382,3 +1414,19 @@ def test_two_ranks_with_an_entity_linker_equal_one_process(tmp_path, accumulate)
     assert losses[1]["entity_linker_loss"] == pytest.approx(
         losses[0]["entity_linker_loss"], rel=1e-4
     )
+
+
+def test_a_rank_without_cupy_says_how_to_train(setup, tmp_path, capsys):
+    """A rank started by torchrun with --gpu-ids (the launcher's check is not made
+    there) ended in thinc's traceback."""
+    from thinc.util import has_cupy
+
+    from spacy_lean.cli.train import train
+
+    if has_cupy:
+        pytest.skip("cupy is installed here")
+    with pytest.raises(SystemExit) as info:
+        train(setup / "config.cfg", tmp_path / "out", gpu_ids=[0])
+    out = " ".join(capsys.readouterr().out.split())
+    assert info.value.code == 1
+    assert "GPU 0: Cannot use GPU, CuPy is not installed. Leave out --gpu-id/--gpu-ids" in out

@@ -96,6 +96,20 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
     )
 
 
+def _no_gpu_reason() -> Optional[str]:
+    """Why thinc's `require_gpu` would refuse, said before any process starts (the
+    check itself would start CUDA in this one); None where it would not."""
+    import platform
+
+    from thinc import util as thinc_util
+
+    if platform.system() != "Darwin" and not thinc_util.has_cupy:
+        return "cupy is not installed, which spaCy's GPU training needs"
+    if not thinc_util.has_gpu:
+        return "no GPU is visible (CUDA_VISIBLE_DEVICES, drivers)"
+    return None
+
+
 def _fail(msg: Printer, text: str, dctx: Optional["DistContext"] = None) -> NoReturn:
     """`msg.fail(text, exits=1)` (a wasabi printer made with no_print exits with a
     stack trace). Rank 0 prints; so does local rank 0 of every other node, which may
@@ -125,7 +139,8 @@ def train_cli(
     use_gpu: int = typer.Option(-1, "--gpu-id", "-g", help=(
         "GPU ID or -1 for CPU (one process; see --gpu-ids for several)")),
     gpu_ids: Optional[str] = typer.Option(None, "--gpu-ids", help=(
-        "Comma-separated GPU ids; local rank i uses the i-th (one process per GPU, nccl)")),
+        "Comma-separated GPU ids, one process per GPU (nccl): give as many as --nproc; local "
+        "rank i uses the i-th")),
     nproc: int = typer.Option(1, "--nproc", "-n", help=(
         "Start this many processes on this machine (gloo on the CPU, nccl with GPUs). Under "
         "torchrun leave it at 1")),
@@ -155,10 +170,35 @@ def train_cli(
         ids = parse_gpu_ids(gpu_ids)
     except ValueError as err:
         msg.fail(str(err), exits=1)
-    if use_gpu >= 0 and not ids:
+    if use_gpu >= 0 and ids:
+        msg.fail(
+            f"--gpu-id {use_gpu} and --gpu-ids {gpu_ids} both name GPUs: give --gpu-id for "
+            "one process, or --gpu-ids with --nproc for several.",
+            exits=1,
+        )
+    if use_gpu >= 0:
         ids = [use_gpu]
     if nproc < 1:
         msg.fail(f"--nproc must be >= 1, got {nproc}.", exits=1)
+    from ..training.launch import launched_by_us
+
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if len(ids) > nproc and not under_torchrun and not launched_by_us():
+        msg.fail(
+            f"--gpu-ids names {len(ids)} GPUs ({gpu_ids}) for {nproc} process(es): a process "
+            f"trains on one GPU, so {len(ids) - nproc} would stay idle. Add --nproc "
+            f"{len(ids)} to train on all of them, or list only the GPUs to use.",
+            exits=1,
+        )
+    if ids and not (launched_by_us() or under_torchrun):
+        unavailable = _no_gpu_reason()
+        if unavailable:
+            msg.fail(
+                f"GPU {','.join(map(str, ids))}: {unavailable}.",
+                "Leave out --gpu-id/--gpu-ids to train on the CPU, or install cupy for your "
+                "CUDA version (pip install spacy-lean[cuda12x]).",
+                exits=1,
+            )
     if not (math.isfinite(timeout) and timeout > 0):
         msg.fail(
             f"--timeout must be a number of seconds > 0, got {timeout}: how long a rank waits "
@@ -175,14 +215,13 @@ def train_cli(
     if resume and output_path is None:
         msg.fail("--resume needs --output: the folder of the run to continue.", exits=1)
     from ..training.dist import check_backend
-    from ..training.launch import launch_local, launched_by_us
 
     try:
         check_backend(dist_backend, ids)
     except ValueError as err:
         msg.fail(str(err), exits=1)
     if nproc > 1 and not launched_by_us():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if under_torchrun:
             msg.fail(
                 "--nproc starts processes itself; under torchrun leave it out (torchrun's "
                 "--nproc-per-node sets the number of processes).",
@@ -205,6 +244,8 @@ def train_cli(
             argv += ["--max-padded-tokens", str(max_padded_tokens)]
         argv += ["--dist-backend", dist_backend, "--timeout", str(timeout), *ctx.args]
         msg.info(f"Starting {nproc} processes")
+        from ..training.launch import launch_local
+
         code = launch_local(
             argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text), warn=msg.warn
         )
@@ -293,7 +334,15 @@ def train(
             output_path.mkdir(parents=True)
             msg.good(f"Created output directory: {output_path}")
         msg.info(f"Saving to output directory: {output_path}")
-    setup_gpu(dctx.gpu_id, silent=not dctx.is_main)
+    try:
+        setup_gpu(dctx.gpu_id, silent=not dctx.is_main)
+    except ValueError as err:  # thinc's require_gpu: no cupy, or no GPU visible
+        _fail(
+            msg,
+            f"GPU {dctx.gpu_id}: {err}. Leave out --gpu-id/--gpu-ids to train on the CPU, or "
+            "install cupy for your CUDA version (pip install spacy-lean[cuda12x]).",
+            dctx,
+        )
     with show_validation_error(config_path):
         config = util.load_config(config_path, overrides=overrides, interpolate=False)
     state = None
