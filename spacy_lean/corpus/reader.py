@@ -729,6 +729,7 @@ class CorpusStream:
                 rng.bit_generator.state = _rng_from_json(self._start["rng"])
             self._buffer = corpus._restore_buffer(nlp, self._start["buffer"])
         buffer = self._buffer
+        stats.max_buffered = len(buffer)  # a resumed stream's restored buffer counts
         size = corpus.shuffle_buffer
         split_stats = stats if not corpus.compact else SplitStats()
         if not self._done:
