@@ -1430,3 +1430,32 @@ def test_a_rank_without_cupy_says_how_to_train(setup, tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert info.value.code == 1
     assert "GPU 0: Cannot use GPU, CuPy is not installed. Leave out --gpu-id/--gpu-ids" in out
+
+
+def test_resume_on_more_ranks_with_uneven_shares(tmp_path, tiny_ner_config):
+    """spacy-lean.Corpus.v1 sharing by shard, shards of 10 and 2 docs: 1 process trains 10
+    examples of epoch 0, then resumes on 2 ranks, each skipping 10 // 2 = 5 examples of
+    its share, more than the 2-doc share holds. That is no damaged state (the check for
+    one refused it); the small share's rank skips what it has and the run goes on."""
+    (tmp_path / "train").mkdir()
+    synthetic.write_ner_corpus(tmp_path / "train" / "a.spacy", 10, seed=1, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "train" / "b.spacy", 2, seed=2, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=3, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["paths"].update(train=str(tmp_path / "train"), dev=str(tmp_path / "dev.spacy"))
+    reader = {"@readers": "spacy-lean.Corpus.v1", "path": "${paths.train}", "share_by": "shard"}
+    config["corpora"]["train"] = reader
+    config["training"].update(max_steps=0, max_epochs=3, eval_frequency=2)
+    batcher = {"@batchers": "spacy.batch_by_sequence.v1", "size": 2, "get_length": None}
+    config["training"]["batcher"] = batcher
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    out = tmp_path / "out"
+    proc = run_tiny(tmp_path, out, "--training.max_steps", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = srsly.read_json(out / "training-state" / "state.json")["ranks"]
+    assert [(r["batches"], r["examples"]) for r in saved] == [(5, 10)]
+    proc = run_tiny(tmp_path, out, "--resume", "--nproc", "2", "--training.max_steps", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = srsly.read_json(out / "training-state" / "state.json")
+    assert state["world_size"] == 2 and state["step"] == 6

@@ -10,6 +10,7 @@ corpus."""
 import contextlib
 import copy
 import io
+import itertools
 import json
 import os
 import pickle
@@ -52,15 +53,22 @@ def setup(tmp_path_factory, tiny_ner_config):
     """8 training docs, 2 epochs, evaluation every 2 steps, no step limit. The run
     ends at the end of epoch 1 (step 5) and its last state is at epoch 2."""
     root = tmp_path_factory.mktemp("resume")
-    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41)
-    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
-    config = tiny_ner_config()
-    config["paths"]["train"] = str(root / "train.spacy")
-    config["paths"]["dev"] = str(root / "dev.spacy")
-    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2)
-    config.to_disk(root / "config.cfg")
+    write_run_config(root, tiny_ner_config(), n_train=8, max_epochs=2)
     run(root, root / "run")
     return root
+
+
+def write_run_config(root, config, *, n_train, max_epochs, batcher=None):
+    """root/config.cfg training on n_train generated docs (4 dev docs), evaluated every
+    2 steps, no step limit; the corpora written next to it."""
+    synthetic.write_ner_corpus(root / "train.spacy", n_train, seed=41)
+    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
+    config["paths"]["train"] = str(root / "train.spacy")
+    config["paths"]["dev"] = str(root / "dev.spacy")
+    config["training"].update(max_steps=0, max_epochs=max_epochs, eval_frequency=2)
+    if batcher is not None:
+        config["training"]["batcher"] = batcher
+    config.to_disk(root / "config.cfg")
 
 
 def run(root, output, resume=False, **overrides):
@@ -882,16 +890,9 @@ def compounding(tmp_path_factory, tiny_ner_config):
     thinc's `compounding` is a generator, which the batcher goes on drawing from across
     epochs, so an epoch's batches depend on how many sizes the epochs before drew."""
     root = tmp_path_factory.mktemp("compounding")
-    synthetic.write_ner_corpus(root / "train.spacy", 12, seed=41)
-    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42)
-    config = tiny_ner_config()
-    config["paths"]["train"] = str(root / "train.spacy")
-    config["paths"]["dev"] = str(root / "dev.spacy")
-    config["training"].update(max_steps=0, max_epochs=3, eval_frequency=2)
     size = {"@schedules": "compounding.v1", "start": 1, "stop": 6, "compound": 1.5}
-    config["training"]["batcher"] = {"@batchers": "spacy.batch_by_sequence.v1", "size": size}
-    config["training"]["batcher"]["get_length"] = None
-    config.to_disk(root / "config.cfg")
+    batcher = {"@batchers": "spacy.batch_by_sequence.v1", "size": size, "get_length": None}
+    write_run_config(root, tiny_ner_config(), n_train=12, max_epochs=3, batcher=batcher)
     return root
 
 
@@ -970,3 +971,54 @@ def test_a_damaged_saved_pipeline_is_named_as_damaged(setup, copied, capsys, dam
         assert f"Could not read the saved pipeline {saved} (ValueError: " in text
         assert "truncated or damaged" in text and "shapes the model" not in text
     assert FIX in text and "Traceback" not in text
+
+
+class ReadOnlySizeBatcher:
+    """A custom batcher that draws from its schedule, exposed as a read-only `size`."""
+
+    def __init__(self, size):
+        self._size = size
+
+    @property
+    def size(self):
+        return self._size
+
+    def __call__(self, items):
+        items = iter(items)
+        while batch := list(itertools.islice(items, int(next(self._size)))):
+            yield batch
+
+
+@spacy.registry.batchers("test_train_resume.read_only_size.v1")
+def read_only_size_batcher(size):
+    return ReadOnlySizeBatcher(size)
+
+
+def test_a_custom_batcher_with_a_schedule_trains_as_before(tmp_path, tiny_ner_config):
+    """Counting a schedule's draws set `batcher.size` on any batcher: one whose `size`
+    is a read-only property failed at the start of every run (AttributeError). A batcher
+    other than spaCy's and spacy-lean's is left as it is."""
+    size = {"@schedules": "compounding.v1", "start": 1, "stop": 4, "compound": 1.5}
+    batcher = {"@batchers": "test_train_resume.read_only_size.v1", "size": size}
+    write_run_config(tmp_path, tiny_ner_config(), n_train=8, max_epochs=2, batcher=batcher)
+    run(tmp_path, tmp_path / "run", **{"training.max_steps": 3})
+    state = read_training_state(tmp_path / "run")
+    assert state["step"] == 3 and state["ranks"][0]["size_drawn"] is None
+
+
+def test_resume_with_a_component_added_names_the_config(setup, copied, capsys, tmp_path):
+    """A config with a component the run did not have: the saved pipeline has no file
+    for it, which was taken for an incomplete training state (restore it from a copy);
+    the saved pipeline loads with its own config, so the config is what differs."""
+    out, _, _ = copied
+    config = spacy.util.load_config(setup / "config.cfg")
+    config["nlp"]["pipeline"] = [*config["nlp"]["pipeline"], "senter"]
+    config["components"]["senter"] = {"factory": "senter"}
+    config.to_disk(tmp_path / "config.cfg")
+    with pytest.raises(SystemExit):
+        train(tmp_path / "config.cfg", out, resume=True, overrides={})
+    text = " ".join(capsys.readouterr().out.split())
+    saved = out / "training-state" / "model"
+    assert f"Could not load the saved pipeline {saved} into the pipeline of" in text
+    assert "the config builds another pipeline than the run's (a component added" in text
+    assert "incomplete" not in text

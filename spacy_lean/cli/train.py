@@ -68,31 +68,31 @@ def _single_process_view() -> Iterator[None]:
 
 
 def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> str:
-    """What to say when the saved pipeline does not load into the config's pipeline: a
-    file of it is missing or damaged (it does not load with its own config.cfg either),
-    or the config shapes the model otherwise than the run's did (thinc: "Attempt to
-    change dimension ..."), where the run's own config is the fix."""
+    """What to say when the saved pipeline does not load into the config's pipeline.
+    Where it loads with its own config.cfg, the config builds another pipeline than the
+    run's (thinc's "Attempt to change dimension ...", or a component added), and the
+    run's own config is the fix; where it does not, a file of it is missing or damaged."""
     from ..training.dist import STATE_FIX
 
-    reason = f"{type(err).__name__}: {err}"
-    if isinstance(err, FileNotFoundError):
-        return (
-            f"The saved pipeline's file {err.filename} is missing: the training state in "
-            f"{saved_model.parent} is incomplete. {STATE_FIX}"
-        )
     try:
         util.load_model_from_path(saved_model)
-    except Exception:
+    except FileNotFoundError as own:
         return (
-            f"Could not read the saved pipeline {saved_model} ({reason}): one of its files is "
-            "truncated or damaged (it does not load with its own config.cfg either). " + STATE_FIX
+            f"The saved pipeline's file {own.filename} is missing: the training state in "
+            f"{saved_model.parent} is incomplete. {STATE_FIX}"
+        )
+    except Exception as own:
+        return (
+            f"Could not read the saved pipeline {saved_model} ({type(own).__name__}: {own}): "
+            "one of its files is truncated or damaged (it does not load with its own "
+            f"config.cfg either). {STATE_FIX}"
         )
     return (
         f"Could not load the saved pipeline {saved_model} into the pipeline of {config_path} "
-        f"({reason}): a setting of the config that shapes the model differs from the run's. "
-        f"Resume with the config the run was started with (its copy: "
-        f"{saved_model / 'config.cfg'}), or train again without --resume (into another "
-        "--output folder to keep this one)."
+        f"({type(err).__name__}: {err}): the config builds another pipeline than the run's (a "
+        "component added, or a setting that shapes a model). Resume with the config the run "
+        f"was started with (its copy: {saved_model / 'config.cfg'}), or train again without "
+        "--resume (into another --output folder to keep this one)."
     )
 
 

@@ -54,6 +54,7 @@ from spacy.util import registry, resolve_dot_names
 from thinc.api import constant, fix_random_seed, set_gpu_allocator
 from wasabi import Printer
 
+from ..corpus.batcher import TokenBudgetBatcher
 from .dist import (
     OPTIMIZER_FILE,
     STATE_FIX,
@@ -200,15 +201,15 @@ class _SizeDraws:
 def _count_size_draws(batcher) -> Tuple[Any, Optional[_SizeDraws]]:
     """The batcher with its `size` counted where that is a generator (a list or an int
     starts afresh every epoch: nothing to count), found on a spaCy batcher
-    (`functools.partial(..., size=...)`) or an object's `size` (`batch_by_tokens`); a
-    batcher whose size is elsewhere is left as it is."""
+    (`functools.partial(..., size=...)`) or `batch_by_tokens`' `size`; any other batcher
+    is left as it is (a custom one may hold its schedule where setting it would fail)."""
     if isinstance(batcher, functools.partial):
         size = batcher.keywords.get("size")
         if _is_generator_like(size):
             draws = _SizeDraws(size)
             kwargs = {**batcher.keywords, "size": draws}
             return functools.partial(batcher.func, *batcher.args, **kwargs), draws
-    elif _is_generator_like(getattr(batcher, "size", None)):
+    elif isinstance(batcher, TokenBudgetBatcher) and _is_generator_like(batcher.size):
         draws = _SizeDraws(batcher.size)
         batcher.size = draws
         return batcher, draws
@@ -776,8 +777,13 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
                 rank.get("epoch_random"),
                 "a state random.getstate() writes",
             )
-        if not (rank.get("size_drawn") is None or _is_count(rank["size_drawn"])):
-            fail(f"{where}.size_drawn", rank["size_drawn"], "null or a whole number >= 0")
+        drawn = rank.get("size_drawn")
+        if not (drawn is None or (_is_count(drawn) and drawn <= MAX_RESUMED_STEP)):
+            fail(
+                f"{where}.size_drawn",
+                drawn,
+                f"null or a whole number from 0 to {MAX_RESUMED_STEP:,}",
+            )
         if not (rank.get("batcher_rng") is None or _is_random_state(rank["batcher_rng"])):
             fail(
                 f"{where}.batcher_rng",
@@ -1229,7 +1235,8 @@ def train(
                 expect_examples=expect_examples,
             )
             left, short_by = ctx.all_reduce_sum([left, batches.short_by])
-            check_skipped_examples(resume, epoch, short_by, ctx.world_size)
+            if int(resume["world_size"]) == ctx.world_size:
+                check_skipped_examples(resume, epoch, short_by, ctx.world_size)
             if not left:
                 check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
     elif ctx.is_main:
@@ -1359,7 +1366,8 @@ def train(
         _set_rng_states(rank_resume["rng"])
     if resume is not None:
         differed, short_by = ctx.all_reduce_sum([batches.replay_differed, batches.short_by])
-        check_skipped_examples(resume, epoch, short_by, ctx.world_size)
+        if int(resume["world_size"]) == ctx.world_size:  # other shares: a rank may hold less
+            check_skipped_examples(resume, epoch, short_by, ctx.world_size)
         if differed and ctx.is_main:
             stdout.write(
                 msg.warn(
