@@ -1375,8 +1375,8 @@ def train(
                     f"{batches.replayed_examples} examples, the saved run trained "
                     f"{expect_examples} in them (on {int(differed)} of {ctx.world_size} rank(s) "
                     "they differ): the batcher's settings changed since the state was "
-                    "saved, or it draws its sizes from a schedule spacy-lean cannot find "
-                    "(a custom batcher's, not its `size`). Each rank skips the examples it "
+                    "saved, or it draws its sizes from a schedule spacy-lean does not count "
+                    "(a custom batcher's). Each rank skips the examples it "
                     "trained on in this epoch instead, and batches the rest as it now does."
                 )
                 + "\n"
