@@ -391,3 +391,27 @@ def test_fingerprint_is_stable_across_processes(scoring_nlp, tmp_path):
         )
         prints.add(out.stdout.strip())
     assert prints == {make_pipeline_state(scoring_nlp).fingerprint}
+
+
+def test_references_ending_in_a_whitespace_token_score_as_spacy(scoring_nlp, gold_examples):
+    """A reference doc whose last token is whitespace with a trailing space of its own
+    ("... world" + " " + " "): the tokenizer makes one token of the two, and spaCy's
+    alignment then has one entry more than the predicted doc has tokens. The token
+    scores indexed the predicted tokens with it and raised an IndexError (every entry
+    point crashed on such a dev doc, where nlp.evaluate scores it)."""
+    from spacy.tokens import Doc
+
+    nlp = scoring_nlp
+    endings = [["Hello", "world", " "], [" "], ["Ada", "met", "Bo", "\n"]]
+    odd = []
+    for words in endings:
+        ref = Doc(nlp.vocab, words=words, spaces=[True] * len(words))
+        eg = Example(nlp.make_doc(ref.text), ref)
+        assert len(eg.alignment.x2y.lengths) == len(eg.predicted) + 1
+        odd.append(eg)
+    examples = gold_examples[:8] + odd
+    expected = nlp.evaluate(examples)
+    state = make_pipeline_state(nlp)
+    docs = nlp.pipe([eg.predicted.copy() for eg in examples])
+    state.update([Example(d, eg.reference) for d, eg in zip(docs, examples)])
+    assert_scores_equal(without_speed(expected), without_speed(state.result()))

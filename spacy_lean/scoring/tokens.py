@@ -83,11 +83,22 @@ def aligned_single(example: Example) -> Tuple[numpy.ndarray, numpy.ndarray]:
     RETURNS (Tuple[ndarray, ndarray]): bool mask and int64 gold indices.
     """
     x2y = aligned_x2y(example)
-    single = numpy.asarray(x2y.lengths) == 1
-    gold_i = numpy.full(single.shape[0], -1, dtype=numpy.int64)
+    n = len(example.predicted)
+    single = predicted_lengths(example, x2y) == 1
+    gold_i = numpy.full(n, -1, dtype=numpy.int64)
     if single.any():
-        gold_i[single] = numpy.asarray(x2y.data)[numpy.asarray(x2y.starts)[single]]
+        gold_i[single] = numpy.asarray(x2y.data)[numpy.asarray(x2y.starts)[:n][single]]
     return single, gold_i
+
+
+def predicted_lengths(example: Example, x2y: Any = None) -> numpy.ndarray:
+    """How many reference tokens each predicted token aligns to. spaCy's alignment can
+    hold one entry more than the predicted doc has tokens (a reference ending in a
+    whitespace token with a trailing space, merged into one token by the tokenizer:
+    `["Hello", " "]` with spaces gives lengths [1, 1, 0]); spaCy's scorers index it by
+    token, so the extra entry is never read, and it is cut off here."""
+    x2y = aligned_x2y(example) if x2y is None else x2y
+    return numpy.asarray(x2y.lengths)[: len(example.predicted)]
 
 
 def space_mask(doc: Doc) -> numpy.ndarray:
@@ -136,7 +147,7 @@ class TokenizationState(ScoreState):
             pred, pred_keep = self._spans(eg.predicted)
             gold_parts.append(gold)
             pred_parts.append(pred)
-            lengths.append(numpy.asarray(aligned_x2y(eg).lengths)[pred_keep])
+            lengths.append(predicted_lengths(eg)[pred_keep])
             for spans in (gold, pred):
                 if spans.shape[0]:
                     base = max(base, int(spans[:, 1].max()) + 1)
