@@ -1022,3 +1022,20 @@ def test_resume_with_a_component_added_names_the_config(setup, copied, capsys, t
     assert f"Could not load the saved pipeline {saved} into the pipeline of" in text
     assert "the config builds another pipeline than the run's (a component added" in text
     assert "incomplete" not in text
+
+
+def test_resume_after_a_function_of_the_run_is_gone_names_both_causes(setup, copied, capsys):
+    """The run's config names an architecture the code loaded now no longer registers
+    (a --code file renamed it), and the resumed config changes a width: the check that
+    loads the saved pipeline on its own failed on the missing function and called the
+    files damaged, dropping the real error; the files are fine."""
+    out, _, _ = copied
+    saved = out / "training-state" / "model"
+    text = (saved / "config.cfg").read_text(encoding="utf8")
+    assert "spacy.TransitionBasedParser.v2" in text
+    gone = text.replace("spacy.TransitionBasedParser.v2", "test.GoneParser.v1")
+    (saved / "config.cfg").write_text(gone, encoding="utf8")
+    text = resume_fails(setup, out, capsys, **{"components.ner.model.hidden_width": 32})
+    assert "Attempt to change dimension" in text and "damaged" not in text
+    assert "The run's own config does not build with the code loaded now either" in text
+    assert "test.GoneParser.v1" in text and "and the --code it was started with" in text

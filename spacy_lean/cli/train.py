@@ -68,32 +68,58 @@ def _single_process_view() -> Iterator[None]:
 
 
 def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> str:
-    """What to say when the saved pipeline does not load into the config's pipeline.
-    Where it loads with its own config.cfg, the config builds another pipeline than the
-    run's (thinc's "Attempt to change dimension ...", or a component added), and the
-    run's own config is the fix; where it does not, a file of it is missing or damaged."""
+    """What to say when the saved pipeline does not load into the config's pipeline,
+    found by loading it on its own, in steps: its config.cfg built with the code loaded
+    now (where that fails, the code changed too), then its files read (missing or
+    damaged); where all of that works, the config builds another pipeline than the
+    run's (thinc's "Attempt to change dimension ...", or a component added)."""
     from ..training.dist import STATE_FIX
 
-    try:
-        util.load_model_from_path(saved_model)
-    except FileNotFoundError as own:
+    def missing(own: FileNotFoundError) -> str:
         return (
             f"The saved pipeline's file {own.filename} is missing: the training state in "
             f"{saved_model.parent} is incomplete. {STATE_FIX}"
         )
-    except Exception as own:
+
+    def damaged(own: Exception) -> str:
         return (
             f"Could not read the saved pipeline {saved_model} ({type(own).__name__}: {own}): "
             "one of its files is truncated or damaged (it does not load with its own "
             f"config.cfg either). {STATE_FIX}"
         )
-    return (
+
+    run_config = saved_model / "config.cfg"
+    differs = (
         f"Could not load the saved pipeline {saved_model} into the pipeline of {config_path} "
         f"({type(err).__name__}: {err}): the config builds another pipeline than the run's (a "
-        "component added, or a setting that shapes a model). Resume with the config the run "
-        f"was started with (its copy: {saved_model / 'config.cfg'}), or train again without "
-        "--resume (into another --output folder to keep this one)."
+        "component added, or a setting that shapes a model)."
     )
+    fix = (
+        f"Resume with the config the run was started with (its copy: {run_config}), or train "
+        "again without --resume (into another --output folder to keep this one)."
+    )
+    try:
+        own_config = util.load_config(run_config)
+    except FileNotFoundError as own:
+        return missing(own)
+    except Exception as own:
+        return damaged(own)
+    try:
+        own_nlp = util.load_model_from_config(own_config, auto_fill=True)
+    except Exception as own:
+        # A function of the run's config that the code loaded now does not register.
+        return (
+            f"{differs} The run's own config does not build with the code loaded now either "
+            f"({type(own).__name__}: {str(own).splitlines()[0]}). {fix[:-1]}, and the --code "
+            "it was started with."
+        )
+    try:
+        own_nlp.from_disk(saved_model, exclude=["config"])
+    except FileNotFoundError as own:
+        return missing(own)
+    except Exception as own:
+        return damaged(own)
+    return f"{differs} {fix}"
 
 
 def _no_gpu_reason() -> Optional[str]:
