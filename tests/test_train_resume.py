@@ -225,7 +225,9 @@ BAD_FIELDS = [
     (("ranks", 0, "skipped"), "3", "ranks[0].skipped must be a whole number >= 0"),
     (("ranks", 0, "epoch_random"), [3, [0] * 10, None], "ranks[0].epoch_random must be a state"),
     (("ranks", 0, "batcher_rng"), 42, "ranks[0].batcher_rng must be null or a state"),
-    (("ranks", 0, "size_drawn"), -2, "ranks[0].size_drawn must be null or a whole number >= 0"),
+    (("ranks", 0, "size_drawn"), -2, "ranks[0].size_drawn must be null or a whole number from 0"),
+    # Drawn one by one on resume: a huge count ran for hours.
+    (("ranks", 0, "size_drawn"), 10**12, "size_drawn must be null or a whole number from 0 to"),
     (("ranks", 0, "rng"), None, "ranks[0].rng must be an object"),
     (("ranks", 0, "rng", "random"), [3, [0] * 624 + [625], None], "ranks[0].rng.random must"),
     (("ranks", 0, "rng", "torch"), [1, 2, 3], "ranks[0].rng.torch must be a state"),
