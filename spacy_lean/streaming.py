@@ -246,6 +246,38 @@ def _global_rng_untouched() -> Iterator[None]:
         numpy.random.set_state(np_state)
 
 
+class _ReaderRandom:
+    """An example stream read with random states of its own: those of the evaluation's
+    start, going on from read to read. `Language.evaluate` lists the examples before any
+    forward pass, so a reader's random augmenter draws one run of numbers; read window
+    by window, the forward passes' draws (spacy-transformers draws one per batch) fell
+    in between, and every window after the first was augmented otherwise. Swapped at
+    the first read after `leave()` and at `leave()`: once per window."""
+
+    def __init__(self, stream: Iterator[Any]) -> None:
+        self._stream = stream
+        self._reader = (random.getstate(), numpy.random.get_state())
+        self._other: Any = None
+
+    def __iter__(self) -> "_ReaderRandom":
+        return self
+
+    def __next__(self) -> Any:
+        if self._other is None:
+            self._other = (random.getstate(), numpy.random.get_state())
+            random.setstate(self._reader[0])
+            numpy.random.set_state(self._reader[1])
+        return next(self._stream)
+
+    def leave(self) -> None:
+        """Back to the forward passes' states, the reader's kept for its next read."""
+        if self._other is not None:
+            self._reader = (random.getstate(), numpy.random.get_state())
+            random.setstate(self._other[0])
+            numpy.random.set_state(self._other[1])
+            self._other = None
+
+
 class StreamingEvaluator:
     """Evaluates a pipeline over a stream of examples in bounded memory.
 
@@ -384,7 +416,7 @@ class StreamingEvaluator:
             return self._run(examples, skip, on_window)
 
     def _run(self, examples, skip, on_window):
-        stream = iter(examples)
+        stream = _ReaderRandom(iter(examples))
         if skip:
             skipped = sum(1 for _ in itertools.islice(stream, skip))
             if skipped < skip:
@@ -395,6 +427,7 @@ class StreamingEvaluator:
                 )
             self.n_examples += skip
         for window in self._windows(stream):
+            stream.leave()
             self._evaluate_window(window)
             self.n_examples += len(window)
             if on_window is not None:
