@@ -661,6 +661,7 @@ def test_a_rank_left_without_training_docs_warns_and_the_run_goes_on(tmp_path, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = " ".join(proc.stderr.split())
     assert "share_by = 'doc' gives 1 doc(s) for 2 workers: worker 1 gets no data" in text
+    assert "Rank 1 of 2: " in text  # a warning of rank 1 says whose it is
     assert str(tmp_path / "train.spacy") in text and "--nproc" in text
     assert "worker 0 gets no data" not in text
     state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
@@ -1015,6 +1016,9 @@ def test_a_rank_left_without_training_docs_by_the_stock_reader_warns(tmp_path, t
         tmp_path, tmp_path / "out", "--nproc", "2", "--resume", *paths, "--training.max_steps", "6"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Rank 0's count was given as every rank's.
+    log = " ".join(proc.stdout.split())
+    assert "the ranks replay their first 1, 0 batches of the epoch unused (by rank)" in log
     state = srsly.read_json(tmp_path / "out" / "training-state" / "state.json")
     assert state["step"] == 6
 
@@ -1459,3 +1463,17 @@ def test_resume_on_more_ranks_with_uneven_shares(tmp_path, tiny_ner_config):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = srsly.read_json(out / "training-state" / "state.json")
     assert state["world_size"] == 2 and state["step"] == 6
+
+
+def test_a_rank_other_than_0_names_itself_in_its_warnings():
+    """Every rank prints its warnings (a data file's, an out-of-memory split of its own
+    batch): with --nproc 8 a data warning came 8 times with nothing to tell them apart.
+    Ranks other than 0 now name themselves. (A fresh process: pytest records warnings
+    in place of printing them.)"""
+    code = (
+        "import warnings; from spacy_lean.cli.train import _name_rank_in_warnings; "
+        "_name_rank_in_warnings(1, 8); warnings.warn(\"left out 1 'reject' record(s)\")"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "UserWarning: Rank 1 of 8: left out 1 'reject' record(s)" in proc.stderr

@@ -110,6 +110,8 @@ def test_the_launcher_passes_sigterm_on_and_waits_for_its_ranks(tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == STOPPED_EXIT_CODE, out
     assert "Received SIGTERM: each rank finishes its step" in out
+    # A signal before the loop began saves nothing, which the message said it would.
+    assert "a rank still starting, before its first step, exits at once" in " ".join(out.split())
     assert "Every rank has stopped (exit code 143)." in out
     for rank in (0, 1):
         assert (tmp_path / f"saved{rank}").read_text() == str(int(signal.SIGTERM))

@@ -122,6 +122,20 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
     return f"{differs} {fix}"
 
 
+def _name_rank_in_warnings(rank: int, world_size: int) -> None:
+    """Warnings go to stderr on every rank (each rank meets its own data and its own
+    out-of-memory splits): a rank other than 0 names itself in front of each, so that
+    N copies of a data warning read as N ranks', and a split says whose batch it was."""
+    import warnings
+
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        show(f"Rank {rank} of {world_size}: {message}", category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+
 def _no_gpu_reason() -> Optional[str]:
     """Why thinc's `require_gpu` would refuse, said before any process starts (the
     check itself would start CUDA in this one); None where it would not."""
@@ -351,6 +365,8 @@ def train(
     except ValueError as err:
         Printer().fail(str(err), exits=1)
     msg = Printer(no_print=not dctx.is_main)
+    if not dctx.is_main:
+        _name_rank_in_warnings(dctx.rank, dctx.world_size)
     config_path = util.ensure_path(config_path)
     output_path = util.ensure_path(output_path)
     if output_path is None:

@@ -101,7 +101,8 @@ def launch_local(
                     if warn is not None:
                         warn(
                             f"Received {signal_name(stopping)}: each rank finishes its "
-                            "step, saves the training state and exits."
+                            "step, saves the training state and exits (a rank still starting, "
+                            "before its first step, exits at once: nothing is saved)."
                         )
                     pass_on(stopping)  # again: for a rank started after the signal
                 with exited_lock:

@@ -1329,8 +1329,15 @@ def train(
                     + "\n"
                 )
         if resume is not None:
+            replayed = sorted({int(r["batches"]) for r in resume["ranks"]})
             where = (
-                f"each rank replays its first {skip_batches} batches of the epoch unused"
+                (
+                    f"each rank replays its first {skip_batches} batches of the epoch unused"
+                    if len(replayed) == 1
+                    else "the ranks replay their first "
+                    + ", ".join(str(int(r["batches"])) for r in resume["ranks"])
+                    + " batches of the epoch unused (by rank)"
+                )
                 if int(resume["world_size"]) == ctx.world_size
                 else f"each rank skips the first {skip_examples} examples of its share of the epoch"
                 + (
