@@ -125,15 +125,20 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
 def _name_rank_in_warnings(rank: int, world_size: int) -> None:
     """Warnings go to stderr on every rank (each rank meets its own data and its own
     out-of-memory splits): a rank other than 0 names itself in front of each, so that
-    N copies of a data warning read as N ranks', and a split says whose batch it was."""
+    N copies of a data warning read as N ranks', and a split says whose batch it was.
+    The text is changed where it is formatted: handlers still get the Warning itself."""
     import warnings
 
-    show = warnings.showwarning
+    if getattr(warnings.formatwarning, "names_rank", False):
+        return
+    format_warning = warnings.formatwarning
 
-    def showwarning(message, category, filename, lineno, file=None, line=None):
-        show(f"Rank {rank} of {world_size}: {message}", category, filename, lineno, file, line)
+    def formatwarning(message, category, filename, lineno, line=None):
+        text = f"Rank {rank} of {world_size}: {message}"
+        return format_warning(text, category, filename, lineno, line)
 
-    warnings.showwarning = showwarning
+    formatwarning.names_rank = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning
 
 
 def _no_gpu_reason() -> Optional[str]:

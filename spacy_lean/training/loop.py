@@ -1334,9 +1334,9 @@ def train(
                 (
                     f"each rank replays its first {skip_batches} batches of the epoch unused"
                     if len(replayed) == 1
-                    else "the ranks replay their first "
+                    else "the ranks replay the first "
                     + ", ".join(str(int(r["batches"])) for r in resume["ranks"])
-                    + " batches of the epoch unused (by rank)"
+                    + " batches of the epoch unused, in rank order"
                 )
                 if int(resume["world_size"]) == ctx.world_size
                 else f"each rank skips the first {skip_examples} examples of its share of the epoch"
