@@ -584,7 +584,10 @@ def main():
 
 def merge_into(args, words, replaced):
     """The runs of the earlier results in --output that this run does not replace, and
-    its corpus sizes with this run's; this run's command is noted after the earlier one."""
+    its corpus sizes with this run's; this run's command is noted after the earlier one.
+    No earlier results (a fresh --output): this run's alone."""
+    if not args.output.exists():
+        return [], words
     old = json.loads(args.output.read_text())
     args.merged_into = old["command"]
     kept = [r for r in old["runs"] if not replaced(r)]
