@@ -96,7 +96,7 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
     )
     fix = (
         f"Resume with the config the run was started with (its copy: {run_config}), or train "
-        "again without --resume (into another --output folder to keep this one)."
+        "again without --resume (into another --output folder to keep this one)"
     )
     try:
         own_config = util.load_config(run_config)
@@ -110,8 +110,8 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
         # A function of the run's config that the code loaded now does not register.
         return (
             f"{differs} The run's own config does not build with the code loaded now either "
-            f"({type(own).__name__}: {str(own).splitlines()[0]}). {fix[:-1]}, and the --code "
-            "it was started with."
+            f"({type(own).__name__}: {str(own).splitlines()[0]}). {fix}, and the --code it "
+            "was started with."
         )
     try:
         own_nlp.from_disk(saved_model, exclude=["config"])
@@ -119,7 +119,7 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
         return missing(own)
     except Exception as own:
         return damaged(own)
-    return f"{differs} {fix}"
+    return f"{differs} {fix}."
 
 
 def _name_rank_in_warnings(rank: int, world_size: int) -> None:
@@ -139,6 +139,12 @@ def _name_rank_in_warnings(rank: int, world_size: int) -> None:
 
     formatwarning.names_rank = True  # type: ignore[attr-defined]
     warnings.formatwarning = formatwarning
+
+
+GPU_FIX = (
+    "Leave out --gpu-id/--gpu-ids to train on the CPU, or install cupy for your CUDA version "
+    "(pip install spacy-lean[cuda12x])."
+)
 
 
 def _no_gpu_reason() -> Optional[str]:
@@ -228,22 +234,18 @@ def train_cli(
     from ..training.launch import launched_by_us
 
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if len(ids) > nproc and not under_torchrun and not launched_by_us():
+    a_rank = under_torchrun or launched_by_us()  # a rank (its GPU is checked as it starts)
+    if len(ids) > nproc and not a_rank:
         msg.fail(
             f"--gpu-ids names {len(ids)} GPUs ({gpu_ids}) for {nproc} process(es): a process "
             f"trains on one GPU, so {len(ids) - nproc} would stay idle. Add --nproc "
             f"{len(ids)} to train on all of them, or list only the GPUs to use.",
             exits=1,
         )
-    if ids and not (launched_by_us() or under_torchrun):
+    if ids and not a_rank:
         unavailable = _no_gpu_reason()
         if unavailable:
-            msg.fail(
-                f"GPU {','.join(map(str, ids))}: {unavailable}.",
-                "Leave out --gpu-id/--gpu-ids to train on the CPU, or install cupy for your "
-                "CUDA version (pip install spacy-lean[cuda12x]).",
-                exits=1,
-            )
+            msg.fail(f"GPU {','.join(map(str, ids))}: {unavailable}.", GPU_FIX, exits=1)
     if not (math.isfinite(timeout) and timeout > 0):
         msg.fail(
             f"--timeout must be a number of seconds > 0, got {timeout}: how long a rank waits "
@@ -384,12 +386,7 @@ def train(
     try:
         setup_gpu(dctx.gpu_id, silent=not dctx.is_main)
     except ValueError as err:  # thinc's require_gpu: no cupy, or no GPU visible
-        _fail(
-            msg,
-            f"GPU {dctx.gpu_id}: {err}. Leave out --gpu-id/--gpu-ids to train on the CPU, or "
-            "install cupy for your CUDA version (pip install spacy-lean[cuda12x]).",
-            dctx,
-        )
+        _fail(msg, f"GPU {dctx.gpu_id}: {err}. {GPU_FIX}", dctx)
     with show_validation_error(config_path):
         config = util.load_config(config_path, overrides=overrides, interpolate=False)
     state = None

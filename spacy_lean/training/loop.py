@@ -217,8 +217,8 @@ def _count_size_draws(batcher) -> Tuple[Any, Optional[_SizeDraws]]:
 
 
 def _is_generator_like(size: Any) -> bool:
-    if isinstance(size, (str, bytes, int, float)) or size is None:
-        return False
+    """An iterator (its own `iter`): an int or None is not iterable, a list is not its
+    own iterator."""
     try:
         return iter(size) is size
     except TypeError:
@@ -1162,6 +1162,8 @@ def train(
     # The losses summed since the last evaluation (each evaluation logs, then resets them).
     losses: Dict[str, float] = {}
     rank_resume: Optional[Dict[str, Any]] = None
+    # Resumed on as many ranks as it was saved with: each rank replays its own batches.
+    same_ranks = resume is not None and int(resume["world_size"]) == ctx.world_size
     if resume is not None:
         check_steps_left(resume, T["max_steps"], T["max_epochs"])
         check_state_against_corpus(resume, batches, ctx)  # before the schedules' replay
@@ -1205,7 +1207,7 @@ def train(
             next(dropouts)
             optimizer.step_schedules()
         ranks = resume["ranks"]
-        if int(resume["world_size"]) == ctx.world_size:
+        if same_ranks:
             rank_resume = ranks[ctx.rank]
             skip_batches = int(rank_resume["batches"])
             skip_examples = int(rank_resume.get("skipped", 0))
@@ -1235,7 +1237,7 @@ def train(
                 expect_examples=expect_examples,
             )
             left, short_by = ctx.all_reduce_sum([left, batches.short_by])
-            if int(resume["world_size"]) == ctx.world_size:
+            if same_ranks:
                 check_skipped_examples(resume, epoch, short_by, ctx.world_size)
             if not left:
                 check_steps_left(resume, T["max_steps"], T["max_epochs"], epoch_trained=True)
@@ -1329,16 +1331,15 @@ def train(
                     + "\n"
                 )
         if resume is not None:
-            replayed = sorted({int(r["batches"]) for r in resume["ranks"]})
+            replayed = [int(r["batches"]) for r in resume["ranks"]]
             where = (
                 (
                     f"each rank replays its first {skip_batches} batches of the epoch unused"
-                    if len(replayed) == 1
-                    else "the ranks replay the first "
-                    + ", ".join(str(int(r["batches"])) for r in resume["ranks"])
-                    + " batches of the epoch unused, in rank order"
+                    if len(set(replayed)) == 1
+                    else f"the ranks replay the first {', '.join(map(str, replayed))} batches "
+                    "of the epoch unused, in rank order"
                 )
-                if int(resume["world_size"]) == ctx.world_size
+                if same_ranks
                 else f"each rank skips the first {skip_examples} examples of its share of the epoch"
                 + (
                     " (the right number; with a listed epoch, max_epochs >= 0, not exactly the "
@@ -1366,14 +1367,11 @@ def train(
         skip_examples=skip_examples,
         expect_examples=expect_examples,
     )
-    if (
-        rank_resume is not None
-        and int(resume["world_size"]) == ctx.world_size  # type: ignore[index]
-    ):
+    if rank_resume is not None and same_ranks:
         _set_rng_states(rank_resume["rng"])
     if resume is not None:
         differed, short_by = ctx.all_reduce_sum([batches.replay_differed, batches.short_by])
-        if int(resume["world_size"]) == ctx.world_size:  # other shares: a rank may hold less
+        if same_ranks:  # on other shares a rank may hold less than it is to skip
             check_skipped_examples(resume, epoch, short_by, ctx.world_size)
         if differed and ctx.is_main:
             stdout.write(
