@@ -268,3 +268,27 @@ def test_invalid_utf8_names_the_file_and_byte(tmp_path, chunk_size):
     (folder / "b.txt").write_bytes("Straß".encode("utf8")[:-1])
     with pytest.raises(ValueError, match=r"b\.txt is not valid UTF-8.* at byte 4\b"):
         list(iter_text_chunks([folder], chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])
+def test_ids_reach_the_model_as_int64_copies_whatever_their_dtype(monkeypatch, dtype):
+    """torch before 2.3 has no uint16: torch.from_numpy refuses such an array (the
+    package allows torch>=2.1), so the trainer converts uint16 ids with numpy."""
+    import torch
+
+    from spacy_lean.charlm import train
+
+    from_numpy = torch.from_numpy
+
+    def old_from_numpy(array):
+        if array.dtype == np.uint16:
+            raise TypeError("can't convert np.ndarray of type numpy.uint16")
+        return from_numpy(array)
+
+    monkeypatch.setattr(torch, "from_numpy", old_from_numpy)
+    ids = np.array([[0, 5, 255], [7, 1, 2]], dtype=dtype)
+    tensor = train._to_device(ids, torch.device("cpu"))
+    assert tensor.dtype == torch.int64
+    np.testing.assert_array_equal(tensor.numpy(), ids.astype(np.int64))
+    ids[0, 0] = 9  # the loader reuses its buffer: the tensor must not see that
+    assert int(tensor[0, 0]) == 0

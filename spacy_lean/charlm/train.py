@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy
 import torch
 from torch.nn import functional as F
 
@@ -119,12 +120,12 @@ def resolve_device(gpu_id: Optional[int], local_rank: int = 0) -> torch.device:
 
 def _to_device(array, device: torch.device) -> torch.Tensor:
     """Ids as an int64 tensor on `device`. The narrow ids travel as they are (uint16
-    via int32, which every device supports); the result is always a copy, so the
-    loader may reuse its buffer for the next batch."""
-    tensor = torch.from_numpy(array)
-    if tensor.dtype == torch.uint16:
-        tensor = tensor.to(torch.int32)
-    return tensor.to(device).long()
+    via int32, which every device supports, converted by numpy: torch before 2.3 has
+    no uint16 and refuses such an array); the result is always a copy, so the loader
+    may reuse its buffer for the next batch."""
+    if array.dtype == numpy.uint16:
+        array = array.astype(numpy.int32)
+    return torch.from_numpy(array).to(device).long()
 
 
 def _detach(hidden: Hidden) -> Hidden:
