@@ -62,10 +62,9 @@ class LeanCleanerWarning(UserWarning):
 @Language.factory(
     "lean_cleaner",
     default_config=DEFAULT_CLEANER_CONFIG,
-    # spaCy's metadata has no "removes": `assigns` is what `nlp.analyze_pipes()`
-    # shows, and these are the attributes the cleaner resets (or, with
-    # `compact_vectors`, replaces).
-    assigns=[TRF_DATA, TENSOR],
+    # No `assigns`: spaCy's metadata has no "removes", and `nlp.analyze_pipes()` takes
+    # `assigns` as "sets it", so a `requires=['doc._.trf_data']` component after the
+    # cleaner was reported as fine. What it releases: `released_attrs`.
 )
 def make_lean_cleaner(
     nlp: Language,
@@ -227,6 +226,12 @@ class LeanCleaner:
         return cfg
 
     @property
+    def lean_assigns(self) -> List[str]:
+        """The attributes the cleaner resets (or, with `compact_vectors`, replaces), as
+        the placement check and the listener lookup in `consumers` know it."""
+        return [TRF_DATA, TENSOR]
+
+    @property
     def released_attrs(self) -> List[str]:
         """RETURNS (List[str]): the attributes this cleaner releases, in spaCy's
         notation ("doc._.trf_data", "doc.tensor", "doc._.my_ext",
@@ -369,7 +374,7 @@ class LeanCleaner:
 
     def _producers(self, running: Sequence[str], attrs: Sequence[str]) -> Dict[str, List[str]]:
         """Attribute -> the components of `running` that set it. Cleaners are left out:
-        their factory declares `assigns` (for analyze_pipes), but they release data."""
+        their `lean_assigns` names what they reset, but they release data."""
         nlp = self._nlp
         assert nlp is not None
         found = find_producers(nlp, attrs, names=running)

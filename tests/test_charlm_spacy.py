@@ -431,6 +431,65 @@ def test_a_load_time_store_override_is_said_and_can_be_set(lm_paths, docs, tmp_p
         spacy.load(tmp_path / "pipeline")
 
 
+def test_a_store_set_at_runtime_is_what_the_config_says_and_saves(lm_paths, docs, tmp_path):
+    """Setting `store` after loading, as the docs advise, is written into nlp.config, so
+    the saved config.cfg agrees with the saved component and a plain spacy.load says
+    nothing (it warned of a load-time override no one had made)."""
+    nlp = spacy.blank("en")
+    config = {"model": {"forward_lm": str(lm_paths["forward"]), "backward_lm": None}}
+    nlp.add_pipe("char_lm", config=config)
+    nlp.initialize()
+    nlp.rename_pipe("char_lm", "lm_vectors")  # found by identity, whatever its name
+    nlp.get_pipe("lm_vectors").store = "charlm_runtime_store"
+    assert nlp.config["components"]["lm_vectors"]["store"] == "charlm_runtime_store"
+    nlp.to_disk(tmp_path / "pipeline")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = spacy.load(tmp_path / "pipeline")
+    assert loaded.get_pipe("lm_vectors").store == "charlm_runtime_store"
+    assert loaded(docs[0])._.charlm_runtime_store.shape[0] == len(docs[0])
+    # A load-time override that the saved store replaces: nlp.config says the saved one.
+    override = {"components": {"lm_vectors": {"store": "charlm_other"}}}
+    with pytest.warns(UserWarning, match="nlp.config now says store = 'charlm_runtime_store'"):
+        overridden = spacy.load(tmp_path / "pipeline", config=override)
+    assert overridden.config["components"]["lm_vectors"]["store"] == "charlm_runtime_store"
+
+
+def test_pipe_errors_go_to_the_error_handler(lm_paths, docs):
+    """nlp.pipe passes a char_lm error to nlp.set_error_handler's handler, as spaCy's
+    own components do (it was raised past the handler)."""
+    nlp = spacy.blank("en")
+    config = {"model": {"forward_lm": str(lm_paths["forward"]), "backward_lm": None}}
+    pipe = nlp.add_pipe("char_lm", config=config)
+    nlp.initialize()
+    predict = pipe.predict
+
+    def failing_predict(batch):
+        if any(doc.text.startswith("BOOM") for doc in batch):
+            raise RuntimeError("boom")
+        return predict(batch)
+
+    pipe.predict = failing_predict
+    seen = []
+    nlp.set_error_handler(lambda name, proc, batch, err: seen.append((name, len(batch), err)))
+    texts = ["Ada met Tomas .", "BOOM went the drum .", "Port Ambrel is far ."]
+    out = list(nlp.pipe(texts, batch_size=1))
+    assert [doc.text for doc in out] == [texts[0], texts[2]]
+    assert [(name, n, str(err)) for name, n, err in seen] == [("char_lm", 1, "boom")]
+    nlp.set_error_handler(spacy.util.raise_error)
+    with pytest.raises(RuntimeError, match="boom"):
+        list(nlp.pipe(texts, batch_size=1))
+
+
+def test_fine_tune_on_the_component_says_it_does_nothing(lm_paths):
+    """The char_lm component is not trained: fine_tune = true there is said to have no
+    effect (it was silently ignored)."""
+    nlp = spacy.blank("en")
+    config = {"model": {"forward_lm": str(lm_paths["forward"]), "fine_tune": True}}
+    with pytest.warns(UserWarning, match="fine_tune = true has no effect here"):
+        nlp.add_pipe("char_lm", config=config)
+
+
 def test_layer_fine_tune_batch_of_empty_docs(lm_paths, docs):
     """A training batch whose docs have no tokens: nothing ran through the LMs, so
     there is nothing to backpropagate (torch raised 'does not require grad')."""

@@ -544,12 +544,24 @@ def test_producer_after_the_cleaner_warns(trf_ner_nlp):
         trf_ner_nlp("Ada Lindqvist visited Veldmark .")
 
 
-def test_analyze_pipes_shows_what_it_removes(trf_ner_nlp):
+def test_analyze_pipes_does_not_take_the_cleaner_for_a_producer(trf_ner_nlp):
+    """The factory declares no `assigns`: analyze_pipes read them as "sets", and a
+    component requiring trf_data after the cleaner was reported as fine."""
     trf_ner_nlp.add_pipe("lean_cleaner")
     summary = trf_ner_nlp.analyze_pipes(pretty=False)["summary"]
-    assert summary["lean_cleaner"]["assigns"] == ["doc._.trf_data", "doc.tensor"]
+    assert summary["lean_cleaner"]["assigns"] == []
     cleaner = trf_ner_nlp.get_pipe("lean_cleaner")
     assert cleaner.released_attrs == ["doc._.trf_data", "doc.tensor"]
+
+    @Language.component("needs_trf_data_after_cleaner", requires=["doc._.trf_data"])
+    def needs_trf_data(doc):
+        return doc
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("lean_cleaner")
+    nlp.add_pipe("needs_trf_data_after_cleaner")
+    problems = nlp.analyze_pipes(pretty=False)["problems"]
+    assert problems["needs_trf_data_after_cleaner"] == ["doc._.trf_data"]
 
 
 def test_empty_cache_and_trim_every(trf_ner_nlp, texts):

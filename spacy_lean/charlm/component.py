@@ -59,17 +59,38 @@ def make_char_lm(nlp: Language, name: str, model: Model, store: str) -> "CharLMC
     store (str): "tensor" for `doc.tensor`, or the name of a Doc extension
         (`doc._.<store>`, registered if needed).
     """
-    return CharLMComponent(nlp.vocab, model, name=name, store=store)
+    if model.attrs.get("fine_tune"):
+        warnings.warn(
+            f"char_lm '{name}': fine_tune = true has no effect here: the char_lm component "
+            "is not trained (nlp.update skips it), so its LMs stay as loaded. To fine-tune "
+            "the LMs, use the spacy-lean.CharLMEmbed.v1 layer inside a trained component's "
+            "model (e.g. the ner's tok2vec), see docs/charlm.md.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return CharLMComponent(nlp.vocab, model, name=name, store=store, nlp=nlp)
 
 
 class CharLMComponent(Pipe):
     """Sets character-LM token vectors on docs (`doc.tensor` or an extension)."""
 
-    def __init__(self, vocab, model: Model, name: str = "char_lm", *, store: str = "tensor"):
+    def __init__(
+        self,
+        vocab,
+        model: Model,
+        name: str = "char_lm",
+        *,
+        store: str = "tensor",
+        nlp: Optional[Language] = None,
+    ):
         self.vocab = vocab
         self.model = model
         self.name = name
         self.cfg = {}
+        # The pipeline whose config records `store` (held as spaCy's entity_ruler holds
+        # its nlp), so that a store set later, at runtime or restored from a saved
+        # pipeline, is what nlp.config says and config.cfg saves.
+        self._nlp = nlp
         self._set_store(store)
 
     def _set_store(self, store: str) -> None:
@@ -110,6 +131,20 @@ class CharLMComponent(Pipe):
     @store.setter
     def store(self, store: str) -> None:
         self._set_store(store)
+        self._sync_config()
+
+    def _sync_config(self) -> None:
+        """Write the current `store` into the pipeline's config (`nlp.config`, saved as
+        config.cfg), under whatever name the component has there now."""
+        nlp = self._nlp
+        if nlp is None:
+            return
+        for name, proc in nlp._components:
+            if proc is self:
+                config = nlp._pipe_configs.get(name)
+                if config is not None and "store" in config:
+                    config["store"] = self._store
+                return
 
     @property
     def lean_assigns(self) -> List[str]:
@@ -126,23 +161,30 @@ class CharLMComponent(Pipe):
                 f"char_lm '{self.name}': the saved pipeline stores its vectors in "
                 f"{_where(store)}, which replaces store = {self._store!r} that it was built "
                 "with (a component's saved settings are restored when it is loaded, so a "
-                "load-time config override of store is not used, and nlp.config no longer "
-                f"says where they go). To store them elsewhere, set "
+                "load-time config override of store is not used; nlp.config now says "
+                f"store = {store!r}). To store them elsewhere, set "
                 f"nlp.get_pipe({self.name!r}).store = {self._store!r} after loading.",
                 UserWarning,
                 stacklevel=3,
             )
         self.cfg.update(saved)
         self._set_store(self.cfg["store"])
+        self._sync_config()
 
     def __call__(self, doc: Doc) -> Doc:
         self.set_annotations([doc], self.predict([doc]))
         return doc
 
     def pipe(self, stream: Iterable[Doc], *, batch_size: int = 128) -> Iterator[Doc]:
+        # As spaCy's TrainablePipe.pipe: an error goes to the pipeline's error handler
+        # (nlp.set_error_handler), which re-raises by default.
+        error_handler = self.get_error_handler()
         for docs in minibatch(stream, size=batch_size):
-            self.set_annotations(docs, self.predict(docs))
-            yield from docs
+            try:
+                self.set_annotations(docs, self.predict(docs))
+                yield from docs
+            except Exception as err:
+                error_handler(self.name, self, docs, err)
 
     def predict(self, docs: List[Doc]) -> List[Floats2d]:
         """The vectors of the docs' tokens (views of one compact batch array)."""

@@ -368,7 +368,9 @@ class PipelineScoreState:
                 "for this component until scoring (memory grows with the dev set). "
                 "Register one with spacy_lean.scoring.register_twin('<@scorers name>', "
                 "make_state) or the 'spacy_lean_scoring_twins' entry-point group; see "
-                "docs/scoring.md (Custom scorers).",
+                "docs/scoring.md (Custom scorers). The copies hold no doc.tensor and no "
+                "transformer output: a scorer that reads token or doc vectors (token.vector, "
+                "doc.similarity) gets none there; a twin reads them in its prepare().",
                 UserWarning,
                 stacklevel=caller_stacklevel(),
             )
