@@ -134,3 +134,52 @@ def test_base_url_is_read_from_setup_cfg(tmp_path):
     cfg = tmp_path / "setup.cfg"
     cfg.write_text(f"[pypi_links]\nbase_url = {BASE}/\n")
     assert module.base_url(cfg) == BASE
+
+
+def test_the_sdist_carries_the_project_the_tests_and_a_license(tmp_path):
+    """The README's two commands need the spaCy project (project.yml, configs/, scripts/,
+    benchmarks/) and the tests with their data: the sdist carried the package, README
+    and test_*.py alone, so neither ran from it; and setup.cfg said MIT with no license
+    file. The wheel stays the package alone."""
+    pytest.importorskip("setuptools")
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout to know the tracked files")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout.decode("utf8")
+    src = tmp_path / "src"
+    for name in filter(None, tracked.split("\0")):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, src / name)
+    code = (
+        "import tarfile; from setuptools import build_meta; "
+        "name = build_meta.build_sdist('dist'); "
+        "print('\\n'.join(tarfile.open('dist/' + name).getnames()))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {n.partition("/")[2] for n in proc.stdout.split()}
+    for needed in (
+        "LICENSE",
+        "project.yml",
+        "configs/ner_trf.cfg",
+        "scripts/make_corpus.py",
+        "benchmarks/cleaner_memory.py",
+        "docs/training.md",
+        "tests/conftest.py",
+        "tests/eval_util.py",
+        "tests/data/charlm/h64-forward.pt",
+        "spacy_lean/cleaner.py",
+    ):
+        assert needed in names, f"the sdist has no {needed}"
+    assert not [n for n in names if n.endswith((".pyc", ".pyo")) or "__pycache__" in n]
+    # Every tracked file the project or the tests use is in it.
+    missing = [
+        n
+        for n in filter(None, tracked.split("\0"))
+        if n.startswith(("configs/", "scripts/", "tests/", "benchmarks/")) and n not in names
+    ]
+    assert not missing, missing
