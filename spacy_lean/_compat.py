@@ -20,22 +20,12 @@ except ImportError:  # pragma: no cover
     cupy = None
     has_cupy = False
 
-try:  # pragma: no cover
-    import spacy_transformers  # noqa: F401
-
-    has_spacy_transformers = True
-except ImportError:  # pragma: no cover
-    has_spacy_transformers = False
-
-try:  # pragma: no cover
-    import spacy_curated_transformers  # noqa: F401
-
-    has_curated_transformers = True
-except ImportError:  # pragma: no cover
-    has_curated_transformers = False
-
-# Ray is found, not imported: importing it takes about a second, and spaCy imports
-# this package for every `spacy` command (through the `spacy_cli` entry point).
+# These are found, not imported: spaCy imports this package for every `spacy` command
+# (through the `spacy_cli` entry point), and importing spacy-transformers (which imports
+# transformers) takes 2-3 s, ray about 1 s. A pipeline with a transformer imports its
+# library when spaCy builds the component.
+has_spacy_transformers = importlib.util.find_spec("spacy_transformers") is not None
+has_curated_transformers = importlib.util.find_spec("spacy_curated_transformers") is not None
 has_ray = importlib.util.find_spec("ray") is not None
 
 

@@ -25,6 +25,7 @@ token are sorted and unique.
 """
 
 import contextlib
+import sys
 import threading
 from typing import Any, Dict, Iterator, Sequence
 
@@ -124,9 +125,10 @@ def fast_alignment() -> Iterator[None]:
     """While active, spacy-transformers' forward pass aligns tokens and wordpieces with
     `align_offsets` (the same alignment, computed with numpy). Re-entrant, and safe to
     enter from several threads: the original function is back once the last exits."""
-    try:
-        from spacy_transformers.layers import transformer_model
-    except ImportError:  # pragma: no cover - spacy-transformers is a dependency
+    # Looked up, not imported: a spacy-transformers model was built only if its module
+    # is imported, and importing it costs 2-3 s in a pipeline that has none.
+    transformer_model = sys.modules.get("spacy_transformers.layers.transformer_model")
+    if transformer_model is None:
         yield
         return
     with _LOCK:

@@ -23,6 +23,7 @@ from tensors of other shapes (below 1e-5 in the tests). Training is changed only
 """
 
 import contextlib
+import sys
 from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple
 
 import numpy
@@ -105,10 +106,10 @@ def _plan(
 
 
 def _hf_layers(nlp: Language) -> List[Any]:
-    """The Hugging Face layer of each spacy-transformers Transformer in the pipeline."""
-    try:
-        from spacy_transformers import Transformer
-    except ImportError:  # pragma: no cover - spacy-transformers is a dependency
+    """The Hugging Face layer of each spacy-transformers Transformer in the pipeline.
+    The class is looked up, not imported: a pipeline holding one has imported it."""
+    Transformer = getattr(sys.modules.get("spacy_transformers"), "Transformer", None)
+    if not isinstance(Transformer, type):
         return []
     layers = []
     for _, proc in nlp.pipeline:

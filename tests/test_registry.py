@@ -64,3 +64,21 @@ def test_entry_point_resolves(group, name, value):
         return
     func = reg.get(name)
     assert callable(func) or hasattr(func, "registered_commands")
+
+
+def test_the_cli_entry_point_imports_no_transformer_library():
+    """spaCy imports every `spacy_cli` entry point for each `spacy` command (`spacy info`
+    too): spacy-lean's imported spacy-transformers (so transformers, torch._dynamo), 2-3 s
+    added to every command, where a pipeline with a transformer imports it when built."""
+    import subprocess
+    import sys
+
+    heavy = ("transformers", "spacy_transformers", "ray")
+    code = (
+        "import sys; from spacy.util import registry; registry.cli.get('lean'); "
+        "import spacy_lean, spacy_lean.cli, spacy_lean.training; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout

@@ -87,12 +87,15 @@ _CHECKED_SUM: Tuple[type, ...] = (
     Tok2Vec,
 )
 _CHECKED_MEAN: Tuple[type, ...] = (TextCategorizer,)
-try:  # spacy-transformers is a dependency, but keep the module importable without it
-    from spacy_transformers import Transformer as _Transformer
 
-    _CHECKED_SUM = _CHECKED_SUM + (_Transformer,)
-except ImportError:  # pragma: no cover
-    pass
+
+def _checked_sum() -> Tuple[type, ...]:
+    """`_CHECKED_SUM` and spacy-transformers' `Transformer`. Looked up, not imported:
+    a pipeline with a transformer has imported the library, and importing it here cost
+    every `spacy` command 2-3 s (spaCy imports spacy-lean's CLI for each)."""
+    module = sys.modules.get("spacy_transformers")
+    transformer = getattr(module, "Transformer", None)
+    return _CHECKED_SUM + (transformer,) if isinstance(transformer, type) else _CHECKED_SUM
 
 
 class OOMSplitWarning(UserWarning):
@@ -441,7 +444,7 @@ def loss_reduction(proc: Any) -> Optional[str]:
         return "mean"
     if isinstance(proc, EntityLinker):
         return "entities"  # a mean over the linked entities: see linked_entities
-    if isinstance(proc, _CHECKED_SUM):
+    if isinstance(proc, _checked_sum()):
         return "sum"
     return None
 
