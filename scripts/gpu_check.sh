@@ -124,7 +124,15 @@ t.check_oom_benchmark(json.load(open('$LOGS/oom_gpu.json'))); print('checked')"
     ) &
     # The tests marked gpu, a file or two at a time: a step cut short by its limit loses
     # only its own tracebacks (pytest prints them at the end).
-    step tests_ddp 400 bash "$0" tests 250 tests/test_train_ddp.py &
+    # A resume on the GPU against the uninterrupted GPU run (cupy's and torch's CUDA
+    # generators, the transformer's Adam moments on the GPU) and evaluation workers on the
+    # GPU, never run there before (~2 min), then the data-parallel tests (218 s in the
+    # third run).
+    (
+      step tests_resume_workers 200 bash "$0" tests 150 tests/test_train_resume.py \
+        tests/test_distributed.py
+      step tests_ddp 400 bash "$0" tests 250 tests/test_train_ddp.py
+    ) &
     step tests_project 400 bash "$0" tests 380 tests/test_project.py &
     # Saves after every run: a run cut short keeps what it measured. The main pairs ran twice
     # (2026-11-27 and -28, benchmarks/results/gpu/): first the runs never reached (the lean

@@ -248,3 +248,45 @@ def test_plain_mode_keeps_trailing_whitespace_tokens(text):
     tokenized, _ = CharLMEmbedder(*_lms("h64"))([doc])
     if all(t.whitespace_ for t in doc[:-1]):
         assert float((alone - tokenized).abs().max()) <= TOLERANCE
+
+
+def _pipe_char_lm(sentences):
+    """Fresh docs through a `char_lm` component with the h64 LMs (read from their
+    checkpoints by the layer, onto the device of thinc's current ops), in batches of 8.
+    RETURNS the docs and the component's LM pair."""
+    from spacy_lean.charlm.layer import get_pair
+
+    nlp = spacy.blank("en")
+    lms = {"forward_lm": str(DATA / "h64-forward.pt"), "backward_lm": str(DATA / "h64-backward.pt")}
+    nlp.add_pipe("char_lm", config={"model": lms})
+    nlp.initialize()
+    docs = [Doc(nlp.vocab, words=s["words"], spaces=s["spaces"]) for s in sentences]
+    return list(nlp.pipe(docs, batch_size=8)), get_pair(nlp.get_pipe("char_lm").model)
+
+
+@pytest.mark.gpu
+def test_the_char_lm_component_on_the_gpu_gives_flairs_vectors(docs, sentences):
+    """The `char_lm` component in nlp.pipe with thinc's ops on cupy (only the embedder
+    had run on CUDA): the layer loads the LMs onto the GPU (its shim's device), each doc
+    gets a compact cupy array of its own rows (a copy, not a view of the batch's), and
+    the vectors are Flair's (CPU) reference within the calibrated tolerance."""
+    cupy = pytest.importorskip("cupy")
+    from thinc.api import require_cpu, require_gpu
+
+    allow = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    require_gpu(0)
+    try:
+        tolerance = _gpu_tolerance(_lms("h64"), docs)
+        out, pair = _pipe_char_lm(sentences)
+        assert next(pair.forward_lm.parameters()).is_cuda
+        for doc in out:
+            assert isinstance(doc.tensor, cupy.ndarray) and doc.tensor.base is None
+            assert doc.tensor.shape == (len(doc), 128) and doc.tensor.dtype == "float32"
+        got = numpy.concatenate([cupy.asnumpy(doc.tensor) for doc in out])
+    finally:
+        require_cpu()
+        torch.backends.cudnn.allow_tf32 = allow
+    reference = numpy.load(DATA / "ref_h64_default.npy")
+    difference = float(numpy.abs(got - reference).max())
+    assert difference <= tolerance, (difference, tolerance)

@@ -568,3 +568,68 @@ def test_sigterm_with_workers_keeps_the_finished_shards_and_resumes(
     assert f"Evaluated {15 - before} examples in" in text and f"; {before} more before" in text
     expected = single_process(model_dir, shard_dir)
     assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))
+
+
+# Registered in the test process and, with --code, in the workers: a component that
+# writes which ops its process runs on (thinc's current ops) to a file named by its pid.
+DEVICE_PROBE_CODE = """
+import os
+from pathlib import Path
+
+from spacy.language import Language
+
+
+@Language.factory("test_device_probe", default_config={"folder": ""})
+def make_device_probe(nlp, name, folder):
+    return DeviceProbe(folder)
+
+
+class DeviceProbe:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __call__(self, doc):
+        from thinc.api import get_current_ops
+
+        if self.folder:
+            ops = type(get_current_ops()).__name__
+            Path(self.folder, str(os.getpid())).write_text(ops, encoding="utf8")
+        return doc
+"""
+
+
+@pytest.mark.gpu
+def test_workers_on_the_gpu_give_the_scores_of_one_gpu_process(model_dir, shard_dir, tmp_path):
+    """`spacy lean evaluate --workers 2 --gpu-id 0`: the workers are spawned (CUDA in a
+    forked child fails), each takes a visible GPU (round-robin: here both may share GPU
+    0) and loads the pipeline there (thinc's ops are cupy's in every worker, a probe
+    component records them), and the merged scores are one GPU process's. Never run on
+    a GPU before."""
+    pytest.importorskip("cupy")
+    from spacy.cli._util import import_code
+    from thinc.api import require_cpu, require_gpu
+
+    code = tmp_path / "probe.py"
+    code.write_text(DEVICE_PROBE_CODE, encoding="utf8")
+    import_code(code)
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    nlp = spacy.load(model_dir)
+    nlp.add_pipe("test_device_probe", config={"folder": str(probes)})
+    nlp.to_disk(tmp_path / "model")
+    require_gpu(0)
+    try:
+        expected = single_process(model_dir, shard_dir)
+    finally:
+        require_cpu()
+    out = tmp_path / "scores.json"
+    args = ["lean", "evaluate", str(tmp_path / "model"), str(shard_dir), "--workers", "2"]
+    args += ["--gpu-id", "0", "--code", str(code), "-o", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Evaluating 3 shard(s) on 2 worker process(es)" in text and "GPU(s)" in text
+    seen = {path.name: path.read_text(encoding="utf8") for path in probes.iterdir()}
+    assert seen and set(seen.values()) == {"CupyOps"}, seen
+    assert str(os.getpid()) not in seen  # the workers evaluated, not this process
+    assert_same_scores(srsly.read_json(out), srsly.json_loads(srsly.json_dumps(expected)))

@@ -686,7 +686,7 @@ def _restore_optimizer(optimizer, entries: Sequence[ParamEntry], path: Path, dat
                 arrays[prefix] = array
         restored.append((entry, int(counts[i]), arrays))
     for entry, count, arrays in restored:
-        ops_array = entry.node.ops.asarray if entry.node is not None else numpy.asarray
+        ops_array = entry.node.ops.asarray if entry.node is not None else _like_torch(entry)
         if count:
             optimizer.nr_update[entry.key] = count
         for prefix, table in (("mom1", optimizer.mom1), ("mom2", optimizer.mom2)):
@@ -695,6 +695,23 @@ def _restore_optimizer(optimizer, entries: Sequence[ParamEntry], path: Path, dat
         if "avg" in arrays and optimizer.averages is not None:
             optimizer.averages[entry.key] = ops_array(arrays["avg"])
     return len(restored)
+
+
+def _like_torch(entry: ParamEntry):
+    """How thinc's optimizer holds the state of a torch parameter: as the arrays it is
+    given (PyTorchShim.finish_update passes torch2xp of the parameter): numpy on the
+    CPU, cupy on the parameter's GPU. (numpy moments of a CUDA parameter stopped a
+    resumed run at its first step: cupy's Adam kernel takes no numpy arrays.)"""
+    param = entry.torch_param
+    if not param.is_cuda:
+        return numpy.asarray
+    import cupy
+
+    def on_its_device(array: numpy.ndarray):
+        with cupy.cuda.Device(param.device.index):
+            return cupy.asarray(array)
+
+    return on_its_device
 
 
 def _as_torch(array):

@@ -11,8 +11,10 @@ so the score is the one of a single process. Only rank 0 logs and writes.
 
 import copy
 import functools
+import hashlib
 import json
 import math
+import os
 import random
 import shutil
 import signal
@@ -412,7 +414,7 @@ def _rng_states() -> Dict[str, Any]:
     import torch
 
     np_state = numpy.random.get_state()
-    return {
+    states = {
         "random": _jsonable(random.getstate()),
         "numpy": [
             np_state[0],
@@ -423,6 +425,11 @@ def _rng_states() -> Dict[str, Any]:
         ],
         "torch": torch.get_rng_state().tolist(),
     }
+    if _torch_cuda_in_use():
+        # The Hugging Face model's dropout on a GPU draws from torch's CUDA generator of
+        # the rank's device (the current one: thinc's require_gpu sets it).
+        states["torch_cuda"] = _torch_cuda_rng_state()
+    return states
 
 
 def _set_rng_states(states: Dict[str, Any]) -> None:
@@ -432,6 +439,86 @@ def _set_rng_states(states: Dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = states["numpy"]
     numpy.random.set_state((kind, numpy.asarray(keys, dtype="uint32"), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
+    if "torch_cuda" in states and (_on_cupy() or _torch_cuda_in_use()):
+        _set_torch_cuda_rng_state(states["torch_cuda"])
+
+
+# -- the GPU's random generators ---------------------------------------------------
+#
+# On a GPU thinc's dropout masks come from cupy's global generator (CupyOps'
+# get_dropout_mask: cupy.random.uniform), which has no state to save or restore (a
+# cuRAND generator: cupy can seed it, not read it). So on the GPU every step reseeds it,
+# from a base seed saved with the state, the step and the rank: a step's masks are
+# those of the uninterrupted run whatever ran before it, resumed or not. On the CPU the
+# masks come from numpy's generator, which is saved; nothing is reseeded there.
+
+# cupy seeds are uint64; the bases and step seeds spacy-lean draws stay below 2**63.
+CUPY_SEED_LIMIT = 2**63
+
+
+def _on_cupy() -> bool:
+    """Whether thinc's current ops are cupy's (training on a CUDA GPU)."""
+    from thinc.api import CupyOps, get_current_ops
+
+    return isinstance(get_current_ops(), CupyOps)
+
+
+def _torch_cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _torch_cuda_rng_state() -> List[int]:
+    import torch
+
+    return torch.cuda.get_rng_state().tolist()  # the current device's
+
+
+def _set_torch_cuda_rng_state(state: List[int]) -> None:
+    import torch
+
+    torch.cuda.set_rng_state(torch.tensor(state, dtype=torch.uint8))
+
+
+def _mixed_seed(*parts: Any) -> int:
+    digest = hashlib.sha256(" ".join(["spacy-lean cupy", *map(str, parts)]).encode("utf8"))
+    return int.from_bytes(digest.digest()[:8], "little") % CUPY_SEED_LIMIT
+
+
+def cupy_base_seed(seed: Optional[int]) -> int:
+    """The base of a run's cupy seeds: from `training.seed`, or drawn at random for a
+    run without one (saved with the state, so its resume draws the same masks)."""
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little") % CUPY_SEED_LIMIT
+    return _mixed_seed("base", seed)
+
+
+def cupy_step_seed(base: int, step: int, rank: int) -> int:
+    """The seed of cupy's generator for `step` on `rank`."""
+    return _mixed_seed(base, step, rank)
+
+
+def _reseed_cupy(seed: int) -> None:
+    import cupy
+
+    cupy.random.seed(seed)  # the current device's generator: the rank's GPU
+
+
+def _device_changed(on_gpu: bool) -> str:
+    """The warning of a resume on another kind of device than the saved run's."""
+    if on_gpu:
+        saved = (
+            "was saved by a run on the CPU (or by a spacy-lean version that saved no GPU "
+            "random state), and this run is on a GPU"
+        )
+    else:
+        saved = "was saved by a run on a GPU, and this run is on the CPU"
+    return (
+        f"The training state {saved}: the dropout masks are drawn by another device's "
+        "generator from here on, so the run does not go on exactly as the saved one "
+        "would have (the device's arithmetic differs too). Resume on the kind of device "
+        "the run was started on for an exact resume."
+    )
 
 
 # -- evaluation --------------------------------------------------------------------
@@ -691,6 +778,20 @@ def _is_torch_state(value: Any) -> bool:
     )
 
 
+def _is_torch_cuda_state(value: Any) -> bool:
+    # torch.cuda.get_rng_state() (torch 2.1+): the Philox seed and offset, 8 bytes each
+    # (little-endian); torch.cuda.set_rng_state refuses an offset that is not a multiple
+    # of 4, and torch writes none.
+    if not (
+        isinstance(value, list)
+        and len(value) == 16
+        and all(type(b) is int and 0 <= b < 256 for b in value)
+    ):
+        return False
+    offset = int.from_bytes(bytes(value[8:]), "little", signed=True)
+    return offset >= 0 and offset % 4 == 0
+
+
 def _is_learned_limits(value: Any) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and k.isdigit() and int(k) >= 1 and type(v) is int and v >= 1
@@ -806,6 +907,21 @@ def _check_state(state: Dict[str, Any], file_: Path) -> None:
                 f"{where}.rng.torch",
                 rng.get("torch"),
                 "a state torch.get_rng_state() writes (bytes)",
+            )
+        # Written by runs on a GPU only (absent in states of the CPU and older ones).
+        if "torch_cuda" in rng and not _is_torch_cuda_state(rng["torch_cuda"]):
+            fail(
+                f"{where}.rng.torch_cuda",
+                rng["torch_cuda"],
+                "a state torch.cuda.get_rng_state() writes (16 bytes: a seed, then an "
+                "offset >= 0 that is a multiple of 4)",
+            )
+        if "cupy" in rng and not (type(rng["cupy"]) is int and 0 <= rng["cupy"] < CUPY_SEED_LIMIT):
+            fail(
+                f"{where}.rng.cupy",
+                rng["cupy"],
+                f"a whole number from 0 to {CUPY_SEED_LIMIT - 1} (the base of the run's "
+                "cupy seeds)",
             )
         policy = rank.get("update_policy")
         if policy is not None and not (
@@ -1090,6 +1206,8 @@ def train(
     config = nlp.config.interpolate()
     if config["training"]["seed"] is not None:
         fix_random_seed(config["training"]["seed"])
+    # On a GPU each step reseeds cupy's generator (see cupy_base_seed); None on the CPU.
+    cupy_base = cupy_base_seed(config["training"]["seed"]) if _on_cupy() else None
     allocator = config["training"]["gpu_allocator"]
     if ctx.gpu_id >= 0 and allocator:  # as spaCy's loop (a resumed run skips init_nlp)
         set_gpu_allocator(allocator)
@@ -1219,6 +1337,11 @@ def train(
             skip_examples = done // ctx.world_size
             rank_resume = ranks[ctx.rank] if ctx.rank < len(ranks) else ranks[0]
         restore_learned_limits(policy, ranks)
+        saved_rng = rank_resume["rng"]
+        if cupy_base is not None and "cupy" in saved_rng:
+            cupy_base = saved_rng["cupy"]  # the saved run's masks, whatever the seed now
+        if ctx.is_main and same_ranks and ("cupy" in saved_rng) != (cupy_base is not None):
+            stdout.write(msg.warn(_device_changed(cupy_base is not None)) + "\n")
         random.setstate(_tupled(rank_resume["epoch_random"]))
         rng = getattr(T["batcher"], "rng", None)
         if rank_resume.get("batcher_rng") is not None and isinstance(rng, random.Random):
@@ -1279,6 +1402,8 @@ def train(
             "rng": _rng_states(),
             "update_policy": policy.to_dict(),
         }
+        if cupy_base is not None:
+            mine["rng"]["cupy"] = cupy_base
         ranks = ctx.all_gather_json(mine)
         if ctx.is_main and output_path is not None:
             state = {
@@ -1430,6 +1555,8 @@ def train(
                 if before_update:
                     before_update(nlp, {"step": step, "epoch": epoch})
                 dropout = next(dropouts)
+                if cupy_base is not None:  # the step's dropout masks on the GPU
+                    _reseed_cupy(cupy_step_seed(cupy_base, step, ctx.rank))
                 step_losses: Dict[str, float] = {}
                 words = 0
                 if batch is not None:
