@@ -546,7 +546,7 @@ def test_producer_after_the_cleaner_warns(trf_ner_nlp):
 
 def test_analyze_pipes_does_not_take_the_cleaner_for_a_producer(trf_ner_nlp):
     """The factory declares no `assigns`: analyze_pipes read them as "sets", and a
-    component requiring trf_data after the cleaner was reported as fine."""
+    component requiring trf_data with only the cleaner before it was reported as fine."""
     trf_ner_nlp.add_pipe("lean_cleaner")
     summary = trf_ner_nlp.analyze_pipes(pretty=False)["summary"]
     assert summary["lean_cleaner"]["assigns"] == []

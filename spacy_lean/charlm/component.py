@@ -64,11 +64,11 @@ def make_char_lm(nlp: Language, name: str, model: Model, store: str) -> "CharLMC
             f"char_lm '{name}': fine_tune = true has no effect here: the char_lm component "
             "is not trained (nlp.update skips it), so its LMs stay as loaded. To fine-tune "
             "the LMs, use the spacy-lean.CharLMEmbed.v1 layer inside a trained component's "
-            "model (e.g. the ner's tok2vec), see docs/charlm.md.",
+            "model (e.g. the ner's tok2vec), see docs/charlm.md; or set fine_tune = false.",
             UserWarning,
             stacklevel=2,
         )
-    return CharLMComponent(nlp.vocab, model, name=name, store=store, nlp=nlp)
+    return CharLMComponent(nlp.vocab, model, name=name, store=store)
 
 
 class CharLMComponent(Pipe):
@@ -81,17 +81,15 @@ class CharLMComponent(Pipe):
         name: str = "char_lm",
         *,
         store: str = "tensor",
-        nlp: Optional[Language] = None,
     ):
         self.vocab = vocab
         self.model = model
         self.name = name
         self.cfg = {}
-        # The pipeline whose config records `store` (held as spaCy's entity_ruler holds
-        # its nlp), so that a store set later, at runtime or restored from a saved
-        # pipeline, is what nlp.config says and config.cfg saves.
-        self._nlp = nlp
         self._set_store(store)
+        # What the pipeline's config says (`store` may be set at runtime): saved with the
+        # component, so that a load tells a config override from a store set at runtime.
+        self.cfg["built_store"] = store
 
     def _set_store(self, store: str) -> None:
         """Validate `store`, register its extension if needed, and use it."""
@@ -131,20 +129,6 @@ class CharLMComponent(Pipe):
     @store.setter
     def store(self, store: str) -> None:
         self._set_store(store)
-        self._sync_config()
-
-    def _sync_config(self) -> None:
-        """Write the current `store` into the pipeline's config (`nlp.config`, saved as
-        config.cfg), under whatever name the component has there now."""
-        nlp = self._nlp
-        if nlp is None:
-            return
-        for name, proc in nlp._components:
-            if proc is self:
-                config = nlp._pipe_configs.get(name)
-                if config is not None and "store" in config:
-                    config["store"] = self._store
-                return
 
     @property
     def lean_assigns(self) -> List[str]:
@@ -154,22 +138,27 @@ class CharLMComponent(Pipe):
 
     def _load_cfg(self, saved: dict) -> None:
         """Take the saved settings. Like spaCy's components, the saved `store` wins
-        over the one the component was built with; where they differ, say so."""
+        over the one the component was built with; where that came from a load-time
+        override of the config, say so. (A store set at runtime is saved with the
+        component while the config keeps the one it was built with: not an override.)"""
         store = saved.get("store", self._store)
-        if store != self._store:
+        # Saved pipelines of earlier versions have no built_store: any difference warns.
+        overridden = saved.get("built_store", store) != self.cfg["built_store"]
+        if store != self._store and overridden:
             warnings.warn(
                 f"char_lm '{self.name}': the saved pipeline stores its vectors in "
                 f"{_where(store)}, which replaces store = {self._store!r} that it was built "
                 "with (a component's saved settings are restored when it is loaded, so a "
-                "load-time config override of store is not used; nlp.config now says "
-                f"store = {store!r}). To store them elsewhere, set "
+                "load-time config override of store is not used, and nlp.config no longer "
+                f"says where they go). To store them elsewhere, set "
                 f"nlp.get_pipe({self.name!r}).store = {self._store!r} after loading.",
                 UserWarning,
                 stacklevel=3,
             )
+        built = self.cfg["built_store"]
         self.cfg.update(saved)
+        self.cfg["built_store"] = built  # this pipeline's config
         self._set_store(self.cfg["store"])
-        self._sync_config()
 
     def __call__(self, doc: Doc) -> Doc:
         self.set_annotations([doc], self.predict([doc]))

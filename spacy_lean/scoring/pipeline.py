@@ -370,7 +370,7 @@ class PipelineScoreState:
                 "make_state) or the 'spacy_lean_scoring_twins' entry-point group; see "
                 "docs/scoring.md (Custom scorers). The copies hold no doc.tensor and no "
                 "transformer output: a scorer that reads token or doc vectors (token.vector, "
-                "doc.similarity) gets none there; a twin reads them in its prepare().",
+                "doc.similarity) gets no doc.tensor there; a twin reads it in its prepare().",
                 UserWarning,
                 stacklevel=caller_stacklevel(),
             )
