@@ -1447,3 +1447,160 @@ def test_an_entity_linker_share_without_candidates_learns_as_the_whole_step():
         lean_update(alone, share)
     with pytest.raises(AssertionError):
         assert_same(arrays(alone, grads=True), expected, "skipped share")
+
+
+# -- spacy-curated-transformers listeners ----------------------------------------------
+
+CURATED_TAGGER_NER = """
+[nlp]
+lang = "en"
+pipeline = ["transformer","tagger","ner"]
+
+[components]
+
+[components.transformer]
+factory = "curated_transformer"
+
+[components.transformer.model]
+@architectures = "spacy-curated-transformers.BertTransformer.v1"
+vocab_size = null
+num_hidden_layers = 2
+hidden_width = 32
+num_attention_heads = 2
+intermediate_width = 64
+attention_probs_dropout_prob = 0.0
+hidden_dropout_prob = 0.0
+piece_encoder = {"@architectures":"spacy-curated-transformers.BertWordpieceEncoder.v1"}
+
+[components.transformer.model.with_spans]
+@architectures = "spacy-curated-transformers.WithStridedSpans.v1"
+stride = 48
+window = 64
+
+[components.tagger]
+factory = "tagger"
+
+[components.tagger.model]
+@architectures = "spacy.Tagger.v2"
+nO = null
+
+[components.tagger.model.tok2vec]
+@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
+width = 32
+pooling = {"@layers":"reduce_mean.v1"}
+
+[components.ner]
+factory = "ner"
+
+[components.ner.model]
+@architectures = "spacy.TransitionBasedParser.v2"
+state_type = "ner"
+extra_state_tokens = false
+hidden_width = 32
+maxout_pieces = 2
+use_upper = false
+nO = null
+
+[components.ner.model.tok2vec]
+@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
+width = 32
+pooling = {"@layers":"reduce_mean.v1"}
+
+[initialize]
+
+[initialize.components]
+
+[initialize.components.transformer]
+
+[initialize.components.transformer.piecer_loader]
+@model_loaders = "spacy-curated-transformers.HFPieceEncoderLoader.v1"
+name = null
+"""
+
+
+def _curated_tagger_ner(tiny_transformer):
+    """A spacy-curated-transformers transformer with a tagger and a ner (the last
+    listener) listening, initialized (not trained: spacy-curated-transformers 0.3's own
+    backward pass calls float() on a 1-element array, which numpy 2 refuses), and 8
+    examples with tags and no entity annotation, so the ner skips every update."""
+    pytest.importorskip("spacy_curated_transformers")
+    import json
+
+    vocab_size = json.loads((tiny_transformer / "config.json").read_text())["vocab_size"]
+    overrides = {
+        "components.transformer.model.vocab_size": vocab_size,
+        "initialize.components.transformer.piecer_loader.name": str(tiny_transformer),
+    }
+    config = Config().from_str(CURATED_TAGGER_NER, overrides=overrides)
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    docs = synthetic.make_ner_docs(nlp, 8, seed=9, long_doc_rate=0.0)
+    examples = []
+    for doc in docs:
+        tags = ["N" if t.is_alpha else "P" for t in doc]
+        examples.append(Example.from_dict(nlp.make_doc(doc.text), {"tags": tags}))
+    fix_random_seed(0)
+    nlp.initialize(lambda: examples)
+    return nlp, examples
+
+
+def _curated_states(nlp):
+    from spacy_lean.training.update import _curated_listener_state
+
+    states = []
+    for name in ("tagger", "ner"):
+        for node in nlp.get_pipe(name).model.walk():
+            state = _curated_listener_state(node)
+            if state is not None:
+                states.append(state)
+    assert len(states) == 2
+    return states
+
+
+def test_a_failed_attempt_lets_go_of_curated_listeners_outputs(tiny_transformer):
+    """After an out-of-memory error the retry starts with the curated listeners holding
+    nothing of the failed attempt (they held its outputs and backprop callback, the
+    whole failed batch's activations, while the retry ran: spacy-lean released only
+    spacy-transformers' listeners)."""
+    nlp, examples = _curated_tagger_ner(tiny_transformer)
+    states = _curated_states(nlp)
+    tagger = nlp.get_pipe("tagger")
+    update = tagger.update
+    attempts = []
+
+    def failing_update(batch, **kwargs):
+        attempts.append(len(batch))
+        if len(attempts) == 1:  # after the transformer's forward pass, as a late OOM
+            raise torch_oom()("CUDA out of memory (simulated in the tagger)")
+        return update(batch, **kwargs)
+
+    transformer = nlp.get_pipe("transformer")
+    transformer_update = transformer.update
+    held = []
+
+    def recording_update(batch, **kwargs):
+        held.append([state.outputs is not None for state in states])
+        return transformer_update(batch, **kwargs)
+
+    tagger.update = failing_update
+    transformer.update = recording_update
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lean_update(nlp, examples, policy=UpdatePolicy())
+    assert attempts[0] == 8 and len(attempts) > 1
+    # The first attempt starts clean; every retry too (it held [True, True]).
+    assert held[0] == [False, False]
+    assert all(h == [False, False] for h in held[1:]), held
+
+
+def test_a_curated_last_listener_that_skips_says_the_gradients_are_dropped(tiny_transformer):
+    """The ner, the curated transformer's last listener, skips a batch without entity
+    annotation, so the tagger's gradient for the transformer is dropped (the
+    transformer runs its backward pass in the last listener's callback). The relay does
+    not pass zeros to curated listeners; it said nothing at all."""
+    nlp, examples = _curated_tagger_ner(tiny_transformer)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lean_update(nlp, examples, policy=UpdatePolicy())
+    said = [str(w.message) for w in record if "skipped the update" in str(w.message)]
+    assert len(said) == 1 and "'ner', the last listener of 'transformer'" in said[0], said
+    assert all(state.backprop is None for state in _curated_states(nlp))

@@ -369,6 +369,8 @@ class _UpdateState:
         # Listeners keep the last batch's upstream outputs and backprop callback (the
         # whole failed batch's activations) until the next batch arrives.
         self.listeners = [n for n in nodes if hasattr(n, "receive") and hasattr(n, "_backprop")]
+        # spacy-curated-transformers' listeners keep the same in attrs["_state"].
+        self.listener_states = [s for s in map(_curated_listener_state, nodes) if s is not None]
         self.unseen: List[Tuple[Set[int], frozenset]] = [
             (node.attrs["unseen_classes"], frozenset(node.attrs["unseen_classes"]))
             for node in nodes
@@ -399,6 +401,8 @@ class _UpdateState:
             listener._batch_id = None
             listener._outputs = None
             listener._backprop = None
+        for state in self.listener_states:
+            state.batch_id = state.outputs = state.backprop = None
 
     def restore(self) -> None:
         """Put every gradient back as it was at the snapshot."""
@@ -566,11 +570,12 @@ class _ListenerRelay:
     So a micro-batch, or a rank's share of a data-parallel batch, that the last
     listener skips keeps the other listeners' gradients, as the whole batch does. A
     whole batch it skips keeps them too, where `nlp.update` drops them. Components of
-    other packages (`_relays_zeros`) are not relayed: an update where one of them
-    skipped warns once."""
+    other packages (`_relays_zeros`) and the listeners of spacy-curated-transformers
+    are not relayed: an update where one of them skipped warns once."""
 
     def __init__(self, nlp: Language, policy: UpdatePolicy, exclude: Iterable[str]):
         self.policy = policy
+        self._nlp = nlp
         # (producer name, listener, owner name, relay zeros?)
         self.watched: List[Tuple[str, Model, str, bool]] = []
         excluded = set(exclude)
@@ -595,6 +600,15 @@ class _ListenerRelay:
         for _, listener, _, _ in self.watched:
             record: Dict[str, Any] = {}
             records.append(record)
+            state = _curated_listener_state(listener)
+            if state is not None:
+                # spacy-curated-transformers: its transformer calls a class method to
+                # hand the outputs over, and the listener clears its state when it
+                # backpropagates. Not relayed (its backward pass takes per-layer
+                # gradients): a callback still held after the update was skipped.
+                state.batch_id = state.outputs = state.backprop = None
+                record["curated"] = state
+                continue
             try:
                 listener.receive = _watching_receive(listener, record)
             except AttributeError:  # a listener class with __slots__: not watched
@@ -608,6 +622,12 @@ class _ListenerRelay:
             for (producer_name, listener, owner, relay), record in reversed(
                 list(zip(self.watched, records))
             ):
+                curated = record.get("curated")
+                if curated is not None:
+                    if curated.backprop is not None and not self._frozen(producer_name):
+                        self.called[owner].append(None)  # type: ignore[arg-type]
+                        curated.batch_id = curated.outputs = curated.backprop = None
+                    continue
                 if "backprop" not in record:  # the producer did not run (frozen, no docs)
                     continue
                 self.called[owner].append(record["called"])
@@ -632,6 +652,9 @@ class _ListenerRelay:
                 getattr(listener, "__dict__", {}).pop("receive", None)
                 record.clear()
 
+    def _frozen(self, producer_name: str) -> bool:
+        return bool(getattr(self._nlp.get_pipe(producer_name), "frozen", False))
+
     def finish(self) -> None:
         """Warn where an update's gradients were dropped: a (micro-)batch that a last
         listener not relayed skipped (in a data-parallel run, one rank's share may be
@@ -650,6 +673,16 @@ class _ListenerRelay:
                     f"'{owner}' before the other components listening to "
                     f"'{producer_name}' in the pipeline.",
                 )
+
+
+def _curated_listener_state(node: Model) -> Optional[Any]:
+    """The state spacy-curated-transformers keeps in a listener's `attrs["_state"]` (the
+    batch id, the upstream outputs and the backprop callback, which spacy-transformers'
+    listener keeps as attributes); None for other nodes."""
+    state = node.attrs.get("_state")
+    if all(hasattr(state, name) for name in ("batch_id", "outputs", "backprop")):
+        return state
+    return None
 
 
 def _watching_receive(listener: Model, record: Dict[str, Any]) -> Callable[..., None]:
