@@ -1604,3 +1604,14 @@ def test_a_curated_last_listener_that_skips_says_the_gradients_are_dropped(tiny_
     said = [str(w.message) for w in record if "skipped the update" in str(w.message)]
     assert len(said) == 1 and "'ner', the last listener of 'transformer'" in said[0], said
     assert all(state.backprop is None for state in _curated_states(nlp))
+
+
+def test_gradient_checkpointing_on_a_curated_transformer_says_why_it_is_off(tiny_transformer):
+    """The warning named "no Hugging Face model ... (or none is loaded yet)", where the
+    curated transformer is loaded and will never be checkpointed."""
+    nlp, examples = _curated_tagger_ner(tiny_transformer)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        lean_update(nlp, examples, policy=UpdatePolicy(gradient_checkpointing=True))
+    said = [str(w.message) for w in record if "gradient_checkpointing is on" in str(w.message)]
+    assert len(said) == 1 and "['transformer'] are spacy-curated-transformers" in said[0], said

@@ -804,10 +804,21 @@ def lean_update(
     exclude = list(exclude)
     annotates = list(annotates)
     if policy.gradient_checkpointing and enable_gradient_checkpointing(nlp) == 0:
+        curated = [
+            name
+            for name, proc in nlp.pipeline
+            if (type(proc).__module__ or "").startswith("spacy_curated_transformers.")
+        ]
+        why = (
+            f"{curated} are spacy-curated-transformers components, whose models are not "
+            "Hugging Face models"
+            if curated
+            else "or none is loaded yet"
+        )
         policy.warn_once(
             "checkpointing",
             "gradient_checkpointing is on but no Hugging Face model in the pipeline "
-            "supports it (or none is loaded yet); training without it.",
+            f"supports it ({why}); training without it.",
         )
     # A parser or ner meeting a label it was not initialized with grows its output
     # layer at the start of its update: grown here, for the whole batch, it grows once
