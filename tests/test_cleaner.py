@@ -1133,74 +1133,13 @@ def test_ner2_listening_to_the_first_transformer_is_refused(trf_ner_nlp, trf_ner
 
 # -- spacy-curated-transformers (its DocTransformerOutput) -------------------
 
-CURATED_CONFIG = """
-[nlp]
-lang = "en"
-pipeline = ["transformer","ner"]
-batch_size = 8
-
-[components]
-
-[components.ner]
-factory = "ner"
-
-[components.ner.model]
-@architectures = "spacy.TransitionBasedParser.v2"
-state_type = "ner"
-extra_state_tokens = false
-hidden_width = 32
-maxout_pieces = 2
-use_upper = false
-nO = null
-
-[components.ner.model.tok2vec]
-@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
-width = 32
-pooling = {"@layers":"reduce_mean.v1"}
-
-[components.transformer]
-factory = "curated_transformer"
-
-[components.transformer.model]
-@architectures = "spacy-curated-transformers.BertTransformer.v1"
-vocab_size = null
-num_hidden_layers = 2
-hidden_width = 32
-num_attention_heads = 2
-intermediate_width = 64
-piece_encoder = {"@architectures":"spacy-curated-transformers.BertWordpieceEncoder.v1"}
-
-[components.transformer.model.with_spans]
-@architectures = "spacy-curated-transformers.WithStridedSpans.v1"
-stride = 48
-window = 64
-
-[initialize]
-
-[initialize.components]
-
-[initialize.components.transformer]
-
-[initialize.components.transformer.piecer_loader]
-@model_loaders = "spacy-curated-transformers.HFPieceEncoderLoader.v1"
-name = null
-"""
-
 
 @pytest.fixture(scope="module")
 def curated_nlp(tiny_transformer, blank_nlp):
     pytest.importorskip("spacy_curated_transformers")
-    import json
+    from curated_util import curated_pipeline
 
-    from thinc.api import Config
-
-    vocab_size = json.loads((tiny_transformer / "config.json").read_text())["vocab_size"]
-    overrides = {
-        "components.transformer.model.vocab_size": vocab_size,
-        "initialize.components.transformer.piecer_loader.name": str(tiny_transformer),
-    }
-    config = Config().from_str(CURATED_CONFIG, overrides=overrides)
-    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    nlp = curated_pipeline(tiny_transformer)
     docs = synthetic.make_ner_docs(blank_nlp, 16, seed=31)
     examples = [Example(nlp.make_doc(d.text), d) for d in docs]
     # Initialized, not trained: spacy-curated-transformers 0.3's update fails under

@@ -1451,72 +1451,6 @@ def test_an_entity_linker_share_without_candidates_learns_as_the_whole_step():
 
 # -- spacy-curated-transformers listeners ----------------------------------------------
 
-CURATED_TAGGER_NER = """
-[nlp]
-lang = "en"
-pipeline = ["transformer","tagger","ner"]
-
-[components]
-
-[components.transformer]
-factory = "curated_transformer"
-
-[components.transformer.model]
-@architectures = "spacy-curated-transformers.BertTransformer.v1"
-vocab_size = null
-num_hidden_layers = 2
-hidden_width = 32
-num_attention_heads = 2
-intermediate_width = 64
-attention_probs_dropout_prob = 0.0
-hidden_dropout_prob = 0.0
-piece_encoder = {"@architectures":"spacy-curated-transformers.BertWordpieceEncoder.v1"}
-
-[components.transformer.model.with_spans]
-@architectures = "spacy-curated-transformers.WithStridedSpans.v1"
-stride = 48
-window = 64
-
-[components.tagger]
-factory = "tagger"
-
-[components.tagger.model]
-@architectures = "spacy.Tagger.v2"
-nO = null
-
-[components.tagger.model.tok2vec]
-@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
-width = 32
-pooling = {"@layers":"reduce_mean.v1"}
-
-[components.ner]
-factory = "ner"
-
-[components.ner.model]
-@architectures = "spacy.TransitionBasedParser.v2"
-state_type = "ner"
-extra_state_tokens = false
-hidden_width = 32
-maxout_pieces = 2
-use_upper = false
-nO = null
-
-[components.ner.model.tok2vec]
-@architectures = "spacy-curated-transformers.LastTransformerLayerListener.v1"
-width = 32
-pooling = {"@layers":"reduce_mean.v1"}
-
-[initialize]
-
-[initialize.components]
-
-[initialize.components.transformer]
-
-[initialize.components.transformer.piecer_loader]
-@model_loaders = "spacy-curated-transformers.HFPieceEncoderLoader.v1"
-name = null
-"""
-
 
 def _curated_tagger_ner(tiny_transformer):
     """A spacy-curated-transformers transformer with a tagger and a ner (the last
@@ -1524,15 +1458,9 @@ def _curated_tagger_ner(tiny_transformer):
     backward pass calls float() on a 1-element array, which numpy 2 refuses), and 8
     examples with tags and no entity annotation, so the ner skips every update."""
     pytest.importorskip("spacy_curated_transformers")
-    import json
+    from curated_util import curated_pipeline  # here: `spacy train --code` loads this file
 
-    vocab_size = json.loads((tiny_transformer / "config.json").read_text())["vocab_size"]
-    overrides = {
-        "components.transformer.model.vocab_size": vocab_size,
-        "initialize.components.transformer.piecer_loader.name": str(tiny_transformer),
-    }
-    config = Config().from_str(CURATED_TAGGER_NER, overrides=overrides)
-    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    nlp = curated_pipeline(tiny_transformer, ("tagger", "ner"))
     docs = synthetic.make_ner_docs(nlp, 8, seed=9, long_doc_rate=0.0)
     examples = []
     for doc in docs:
