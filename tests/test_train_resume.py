@@ -751,19 +751,25 @@ def mixed_precision_setup(tmp_path_factory, trf_ner_config):
     """The tiny transformer + ner with mixed precision and a grad scaler whose scale
     doubles after every step without overflow (growth_interval 1), 8 docs in batches of
     2, 2 epochs: 8 steps."""
+    model = {"mixed_precision": True, "grad_scaler_config": {"growth_interval": 1}}
+    root = tmp_path_factory.mktemp("mixed_precision")
+    return _write_trf_run(root, trf_ner_config, transformer_model=model)
+
+
+def _write_trf_run(root, trf_ner_config, transformer_model=(), **training):
+    """root/config.cfg (filled) training the tiny transformer + ner on 8 generated docs
+    in batches of 2 for 2 epochs (steps 0 to 7), evaluated every 2 steps, and its
+    corpora (4 dev docs); `transformer_model` and `training` set more."""
     from spacy.cli.init_config import fill_config
     from thinc.api import Config
 
-    root = tmp_path_factory.mktemp("mixed_precision")
     synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41, long_doc_rate=0.0)
     synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42, long_doc_rate=0.0)
     config = Config().from_str(trf_ner_config, interpolate=False)
     config["paths"]["train"] = str(root / "train.spacy")
     config["paths"]["dev"] = str(root / "dev.spacy")
-    model = config["components"]["transformer"]["model"]
-    model["mixed_precision"] = True
-    model["grad_scaler_config"] = {"growth_interval": 1}
-    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2)
+    config["components"]["transformer"]["model"].update(dict(transformer_model))
+    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2, **training)
     config["training"]["batcher"] = {
         "@batchers": "spacy.batch_by_sequence.v1",
         "size": 2,
@@ -1190,24 +1196,7 @@ def test_a_sigterm_resume_with_dropout_gives_the_uninterrupted_run(
 def trf_dropout_setup(tmp_path_factory, trf_ner_config):
     """The tiny transformer (its own dropout 0.1: torch's generator) + ner, 8 docs in
     batches of 2, 2 epochs (steps 0 to 7), evaluated every 2 steps."""
-    from spacy.cli.init_config import fill_config
-    from thinc.api import Config
-
-    root = tmp_path_factory.mktemp("trf_dropout")
-    synthetic.write_ner_corpus(root / "train.spacy", 8, seed=41, long_doc_rate=0.0)
-    synthetic.write_ner_corpus(root / "dev.spacy", 4, seed=42, long_doc_rate=0.0)
-    config = Config().from_str(trf_ner_config, interpolate=False)
-    config["paths"]["train"] = str(root / "train.spacy")
-    config["paths"]["dev"] = str(root / "dev.spacy")
-    config["training"].update(max_steps=0, max_epochs=2, eval_frequency=2, dropout=0.1)
-    config["training"]["batcher"] = {
-        "@batchers": "spacy.batch_by_sequence.v1",
-        "size": 2,
-        "get_length": None,
-    }
-    config.to_disk(root / "partial.cfg")
-    fill_config(root / "config.cfg", root / "partial.cfg", silent=True)
-    return root
+    return _write_trf_run(tmp_path_factory.mktemp("trf_dropout"), trf_ner_config, dropout=0.1)
 
 
 def _no_gpu_random_states(patched, output):
