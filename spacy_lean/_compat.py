@@ -20,12 +20,11 @@ except ImportError:  # pragma: no cover
     cupy = None
     has_cupy = False
 
-# These are found, not imported: spaCy imports this package for every `spacy` command
-# (through the `spacy_cli` entry point), and importing spacy-transformers (which imports
-# transformers) takes 2-3 s, ray about 1 s. A pipeline with a transformer imports its
-# library when spaCy builds the component.
-has_spacy_transformers = importlib.util.find_spec("spacy_transformers") is not None
-has_curated_transformers = importlib.util.find_spec("spacy_curated_transformers") is not None
+# Found, not imported: spaCy imports this package for every `spacy` command (through the
+# `spacy_cli` entry point), and importing ray takes about a second. (spacy-transformers
+# and spacy-curated-transformers are not imported here either: a pipeline with a
+# transformer imports its library when spaCy builds the component, and the code that
+# needs their classes looks them up in sys.modules.)
 has_ray = importlib.util.find_spec("ray") is not None
 
 
