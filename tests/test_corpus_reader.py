@@ -1102,3 +1102,25 @@ def test_max_length_loses_nothing_on_messy_docs(nlp, tmp_path, max_length):
             )
             assert len(p) <= max(max_length, longest)
     assert next(pieces, None) is None
+
+
+@pytest.mark.parametrize("field", ["text", "label"])
+def test_a_lone_surrogate_is_named_with_its_line(tmp_path, field):
+    """A lone UTF-16 surrogate escape is valid JSON but no text spaCy can hash: the
+    error names the file and line and says what to fix (before: only Python's
+    "'utf-8' codec can't encode character '\\ud83d'", with no place)."""
+    bad = {"text": "Bad \ud83d text"}
+    if field == "label":
+        bad = {"text": "Bad text", "entities": [[0, 3, "P\ud83d"]]}
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        json.dumps({"text": "Ada met Bo", "entities": [[0, 3, "PER"]]})
+        + "\n"
+        + json.dumps(bad)
+        + "\n",
+        encoding="utf8",
+    )
+    with pytest.raises(
+        CorruptShardError, match=r"s\.jsonl:2: .*\\ud83d, half of a UTF-16 surrogate"
+    ):
+        list(LeanCorpus(path)(spacy.blank("en")))

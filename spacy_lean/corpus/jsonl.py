@@ -80,6 +80,14 @@ def iter_jsonl_docs(
                 'against the .jsonl record format: "text", "tokens", "entities", "spans", '
                 '"cats", "meta".'
             ) from err
+        except UnicodeEncodeError as err:
+            # A lone surrogate ("\ud83d" escaped alone) is valid JSON but no text.
+            bad = err.object[err.start : err.end].encode("unicode_escape").decode("ascii")
+            raise ValueError(
+                f"{where}: the record holds {bad}, half of a UTF-16 surrogate pair (an "
+                "escape such as \\ud83d without its partner), which is not text spaCy can "
+                "store. Fix the record (write the character itself, or the whole pair)."
+            ) from err
         yield doc
     if skipped:
         counts = " and ".join(f'{n} "{answer}"' for answer, n in sorted(skipped.items()))
