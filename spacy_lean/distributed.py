@@ -42,6 +42,7 @@ class WorkerSettings:
     window_size: Optional[int] = None
     max_batch_tokens: Optional[int] = None
     trim_slack_mb: Optional[float] = 0.0
+    memory_zones: bool = True
     per_component: bool = False
     scorer_cfg: Optional[Dict[str, Any]] = None
     code_path: Optional[str] = None
@@ -147,6 +148,7 @@ def evaluate_unit(
             window_size=settings.window_size,
             max_batch_tokens=settings.max_batch_tokens,
             trim_slack_mb=settings.trim_slack_mb,
+            memory_zones=settings.memory_zones,
             per_component=settings.per_component,
             scorer_cfg=settings.scorer_cfg,
             on_oom=lambda failed, new: oom_events.append((failed, new)),
@@ -408,6 +410,7 @@ def evaluate_distributed(
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
     trim_slack_mb: Optional[float] = 0.0,
+    memory_zones: bool = True,
     per_component: bool = False,
     scorer_cfg: Optional[Dict[str, Any]] = None,
     code_path: Optional[Union[str, Path]] = None,
@@ -430,6 +433,8 @@ def evaluate_distributed(
     trim_slack_mb (Optional[float]): each worker's heap trimming: after every batch (0),
         only past this many MB above its working level, or never (None); see
         `spacy_lean.evaluate`.
+    memory_zones (bool): each worker reads its share in spaCy memory zones (see
+        `spacy_lean.evaluate`).
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     import spacy
@@ -452,6 +457,7 @@ def evaluate_distributed(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
         trim_slack_mb=trim_slack_mb,
+        memory_zones=memory_zones,
         per_component=per_component,
         scorer_cfg=scorer_cfg,
         code_path=str(code_path) if code_path else None,

@@ -47,6 +47,7 @@ from .memory import HeapTrimmer, empty_gpu_caches
 from .scoring.pipeline import release_activations
 from .trf_align import fast_alignment
 from .trf_batching import sorted_span_groups
+from .zones import MemoryZones
 
 CALLBACK_NAME = "spacy-lean.streaming_evaluate.v1"
 STRIP_CALLBACK_NAME = "spacy-lean.strip_streaming_evaluate.v1"
@@ -90,7 +91,9 @@ def cuda_oom_errors() -> Tuple[type, ...]:
 class _ScorerFallbackState:
     """Score state for a custom `Scorer` subclass: its `score` method cannot be
     reduced batch by batch, so it keeps slim copies of the examples (predicted docs
-    without activations) and scores them at the end."""
+    without activations) and scores them at the end (so not in memory zones)."""
+
+    zone_safe = False
 
     def __init__(self, scorer: Scorer, per_component: bool):
         self.scorer = scorer
@@ -310,6 +313,7 @@ class StreamingEvaluator:
         trim_slack_mb: Optional[float] = 0.0,
         copy_examples: bool = True,
         sort_spans: bool = True,
+        memory_zones: bool = True,
     ):
         """Initialise the evaluator.
 
@@ -350,6 +354,12 @@ class StreamingEvaluator:
         sort_spans (bool): run each spacy-transformers batch's spans in length-sorted
             groups (`spacy_lean.trf_batching.sorted_span_groups`): the same predictions
             with much less wordpiece padding computed.
+        memory_zones (bool): where the stream says when it holds no doc (`holds_docs`:
+            spacy-lean's readers), read and score it in spaCy memory zones
+            (`Language.memory_zone`), one after another, so that the strings and
+            lexemes its docs add to the vocab are freed as it goes: the vocab (and
+            spaCy's tokenizer cache) stop growing with the number of distinct words.
+            The scores are the same (see `MemoryZones`).
         """
         if batch_size is None:
             batch_size = nlp.batch_size
@@ -379,6 +389,9 @@ class StreamingEvaluator:
         self._trimmer = HeapTrimmer(trim_slack_mb or 0.0, settle=0)
         self.copy_examples = copy_examples
         self.sort_spans = sort_spans
+        self.memory_zones = memory_zones
+        self.zones: Optional[MemoryZones] = None  # those of the latest `run`
+        self._pending: Optional[Example] = None  # read ahead: the next window's first
         self._oom_types = cuda_oom_errors()
         self.n_examples = 0  # examples consumed from the stream, skipped ones included
         # Empty docs are piped as `Language.evaluate` pipes them: in a batch with a
@@ -416,9 +429,22 @@ class StreamingEvaluator:
             return self._run(examples, skip, on_window)
 
     def _run(self, examples, skip, on_window):
+        zones = (
+            MemoryZones.for_stream(self.nlp, examples, self.state) if self.memory_zones else None
+        )
+        self.zones = zones
+        if zones is None:
+            return self._read(examples, skip, on_window, None)
+        try:  # the first window outside any zone (`spacy_lean.zones`)
+            return self._read(examples, skip, on_window, zones)
+        finally:
+            self._pending = None
+            zones.close()
+
+    def _read(self, examples, skip, on_window, zones):
         stream = _ReaderRandom(iter(examples))
         if skip:
-            skipped = sum(1 for _ in itertools.islice(stream, skip))
+            skipped = self._skip(stream, skip, zones)
             if skipped < skip:
                 raise CheckpointMismatchError(
                     f"The checkpoint has {skip} examples counted, but the data has only "
@@ -430,9 +456,28 @@ class StreamingEvaluator:
             stream.leave()
             self._evaluate_window(window)
             self.n_examples += len(window)
+            window.clear()  # its docs are not used again (the reader's list too)
             if on_window is not None:
                 on_window(self)
+            if zones is not None:
+                self._pending = zones.next_zone(self._pending)
         return self.state
+
+    def _skip(self, stream: Iterator[Any], skip: int, zones: Optional[MemoryZones]) -> int:
+        """Read and drop `skip` examples (counted before a resume); in memory zones, a
+        window's worth per zone, so what they add to the vocab goes too."""
+        if zones is None:
+            return sum(1 for _ in itertools.islice(stream, skip))
+        zones.open()
+        skipped = 0
+        for _ in itertools.islice(stream, skip):
+            skipped += 1
+            if skipped % self.window_size == 0 and not zones.source.holds_docs():
+                zones.close()
+                zones.open()
+        if not zones.source.holds_docs():
+            zones.close()  # the next window outside any zone, as a first window
+        return skipped
 
     def _windows(self, stream: Iterator[Any]) -> Iterator[List[Example]]:
         """Cut the stream into windows of at most `window_size` examples and
@@ -444,14 +489,10 @@ class StreamingEvaluator:
         g = self.n_examples  # the stream position of the next example
         window: List[Example] = []
         n_tokens = 0
-        pending: Optional[Example] = None
         while True:
-            if pending is not None:
-                eg, pending = pending, None
-            else:
-                eg = _next_example(stream)
-                if eg is None:
-                    break
+            eg = _next_example(stream)
+            if eg is None:
+                break
             length = len(eg.predicted)
             if window and (
                 len(window) >= self.window_size or n_tokens + length > self.window_tokens
@@ -466,8 +507,12 @@ class StreamingEvaluator:
                             break
                     followed = eg is not None and g % size != 0
                 self._window_followed = followed
+                # The example read ahead waits in `_pending`, where `_read` may make it
+                # again in the next memory zone (`MemoryZones.next_zone`).
+                self._pending, eg = eg, None
                 yield window
                 window, n_tokens = [], 0
+                eg, self._pending = self._pending, None
                 if eg is None:
                     return
                 length = len(eg.predicted)
@@ -645,6 +690,7 @@ def evaluate(
     max_batch_tokens: Optional[int] = None,
     sort_spans: bool = True,
     trim_slack_mb: Optional[float] = 0.0,
+    memory_zones: bool = True,
 ) -> Dict[str, Any]:
     """Evaluate a pipeline like `Language.evaluate`, streaming.
 
@@ -673,6 +719,9 @@ def evaluate(
         has grown more than this many MB above its level right after the last trim
         (less CPU time, a higher peak), or never (None). The scores are the same (see
         `StreamingEvaluator`).
+    memory_zones (bool): read and score a stream of spacy-lean's readers (a path given
+        here, `spacy-lean.Corpus.v1`) in spaCy memory zones, so the vocab does not grow
+        with the data's distinct words (`spacy_lean.zones`); the scores are the same.
     RETURNS (Dict[str, Any]): the scores, as `Language.evaluate` returns them.
     """
     from_path = isinstance(examples, (str, Path))
@@ -692,6 +741,7 @@ def evaluate(
         sort_spans=sort_spans,
         trim_slack_mb=trim_slack_mb,
         copy_examples=not from_path,  # examples read here are seen by no one else
+        memory_zones=memory_zones,
     )
     return evaluator.run(examples).result()
 
@@ -706,6 +756,7 @@ def install_streaming_evaluate(
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
     trim_slack_mb: Optional[float] = 0.0,
+    memory_zones: bool = True,
 ) -> Language:
     """Replace `nlp.evaluate` on this instance by the streaming `evaluate`.
 
@@ -713,6 +764,7 @@ def install_streaming_evaluate(
     window_size (Optional[int]): default read-ahead window (see `evaluate`).
     max_batch_tokens (Optional[int]): padded tokens per batch (see `evaluate`).
     trim_slack_mb (Optional[float]): heap trimming (see `evaluate`).
+    memory_zones (bool): memory zones for spacy-lean's readers (see `evaluate`).
     RETURNS (Language): the same pipeline.
     """
     if max_batch_tokens is not None:
@@ -726,6 +778,7 @@ def install_streaming_evaluate(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
         trim_slack_mb=trim_slack_mb,
+        memory_zones=memory_zones,
     )
     method.__doc__ = evaluate.__doc__
     nlp.evaluate = method  # type: ignore[method-assign]
@@ -740,8 +793,8 @@ def is_streaming(nlp: Language) -> bool:
 
 def streaming_settings(nlp: Language) -> Dict[str, Any]:
     """The settings `install_streaming_evaluate` gave the pipeline's `nlp.evaluate`
-    (`window_size`, `max_batch_tokens`, `trim_slack_mb`), for a loop that builds its
-    own `StreamingEvaluator`; {} where `nlp.evaluate` is not streaming."""
+    (`window_size`, `max_batch_tokens`, `trim_slack_mb`, `memory_zones`), for a loop
+    that builds its own `StreamingEvaluator`; {} where `nlp.evaluate` is not streaming."""
     return dict(nlp.__dict__["evaluate"].keywords) if is_streaming(nlp) else {}
 
 
@@ -750,6 +803,7 @@ def make_streaming_evaluate_v1(
     window_size: Optional[int] = None,
     max_batch_tokens: Optional[int] = None,
     trim_slack_mb: Optional[float] = 0.0,
+    memory_zones: bool = True,
 ) -> Callable[[Language], Language]:
     """An `[nlp.after_pipeline_creation]` callback that makes `nlp.evaluate` streaming,
     so `spacy train`'s dev evaluation and `spacy evaluate` use bounded memory.
@@ -765,8 +819,15 @@ def make_streaming_evaluate_v1(
     trim_slack_mb (Optional[float]): hand freed heap memory back to the OS after every
         batch (0), only past this many MB above the level after the last trim, or never
         (null); see `spacy_lean.evaluate`. The scores are the same.
+    memory_zones (bool): read spacy-lean's readers in spaCy memory zones, so the vocab
+        does not grow with the dev set's distinct words (see `spacy_lean.zones`). The
+        scores are the same.
     RETURNS (Callable[[Language], Language]): the callback.
     """
+    if not isinstance(memory_zones, bool):
+        raise ValueError(
+            f"{CALLBACK_NAME}: memory_zones must be true or false, got {memory_zones!r}."
+        )
     try:  # checked when the config is read, not at the first evaluation
         if max_batch_tokens is not None:
             check_max_batch_tokens(max_batch_tokens)
@@ -782,6 +843,7 @@ def make_streaming_evaluate_v1(
             window_size=window_size,
             max_batch_tokens=max_batch_tokens,
             trim_slack_mb=trim_slack_mb,
+            memory_zones=memory_zones,
         )
 
     return after_pipeline_creation

@@ -86,6 +86,9 @@ def evaluate_cli(
     trim_heap: bool = Opt(True, "--trim-heap/--no-trim-heap", help=(
         "Hand freed heap memory back to the OS at all (--no-trim-heap: never; the least CPU time, "
         "a peak that creeps up with the batches)")),
+    memory_zones: bool = Opt(True, "--memory-zones/--no-memory-zones", help=(
+        "Read the data in spaCy memory zones, so the vocab does not grow with its distinct words "
+        "(--no-memory-zones: the vocab keeps every string read; the scores are the same)")),
     checkpoint: Optional[Path] = Opt(None, "--checkpoint", help=(
         "JSON file to save progress to; a rerun resumes from it"), dir_okay=False),
     checkpoint_every: int = Opt(50, "--checkpoint-every", help=(
@@ -121,6 +124,7 @@ def evaluate_cli(
         max_batch_tokens=max_batch_tokens,
         trim_slack_mb=trim_slack_mb,
         trim_heap=trim_heap,
+        memory_zones=memory_zones,
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
         workers=workers,
@@ -147,6 +151,7 @@ def evaluate_streaming_cli(
     max_batch_tokens: Optional[int] = None,
     trim_slack_mb: float = 0.0,
     trim_heap: bool = True,
+    memory_zones: bool = True,
     checkpoint: Optional[Path] = None,
     checkpoint_every: int = 50,
     workers: int = 1,
@@ -263,6 +268,7 @@ def evaluate_streaming_cli(
                 window_size=window_size,
                 max_batch_tokens=max_batch_tokens,
                 trim_slack_mb=slack,
+                memory_zones=memory_zones,
                 per_component=per_component,
                 progress=progress,
             )
@@ -285,6 +291,7 @@ def evaluate_streaming_cli(
                 window_size=window_size,
                 max_batch_tokens=max_batch_tokens,
                 trim_slack_mb=slack,
+                memory_zones=memory_zones,
                 per_component=per_component,
                 progress=progress,
             )
@@ -469,6 +476,7 @@ def _run_single(
     window_size,
     max_batch_tokens,
     trim_slack_mb,
+    memory_zones,
     per_component,
     progress,
 ):
@@ -508,6 +516,7 @@ def _run_single(
         state=state,
         on_oom=on_oom,
         trim_slack_mb=trim_slack_mb,
+        memory_zones=memory_zones,
         copy_examples=False,  # the examples are made here and seen by no one else
     )
     msg.info(
@@ -575,6 +584,7 @@ def _run_workers(
     window_size,
     max_batch_tokens,
     trim_slack_mb,
+    memory_zones,
     per_component,
     progress,
 ):
@@ -609,6 +619,7 @@ def _run_workers(
         window_size=window_size,
         max_batch_tokens=max_batch_tokens,
         trim_slack_mb=trim_slack_mb,
+        memory_zones=memory_zones,
         per_component=per_component,
         code_path=str(code_path) if code_path else None,
         num_threads=max(1, (os.cpu_count() or 1) // max(1, n_workers)),

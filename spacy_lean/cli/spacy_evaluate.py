@@ -93,9 +93,29 @@ def _evaluate_rest_next(nlp: Language, kept: List[Example], rest: Iterator[Examp
                 "spaCy version's `spacy.cli.evaluate` works differently. Please report it "
                 "with your spaCy version; meanwhile use `python -m spacy lean evaluate`."
             )
-        return streaming(itertools.chain(examples, rest), **kwargs)
+        return streaming(_KeptThenRest(examples, rest), **kwargs)
 
     nlp.evaluate = types.MethodType(evaluate_with_rest, nlp)  # type: ignore[method-assign]
+
+
+class _KeptThenRest:
+    """The listed examples, then the rest of the stream; holds docs only where the
+    stream does (the listed ones were made before the evaluation, outside its memory
+    zones, and may be used in any of them)."""
+
+    def __init__(self, kept: List[Example], rest: Iterator[Example]) -> None:
+        self._iter = itertools.chain(kept, rest)
+        self._rest = rest
+
+    def __iter__(self) -> "_KeptThenRest":
+        return self
+
+    def __next__(self) -> Example:
+        return next(self._iter)
+
+    def holds_docs(self) -> bool:
+        holds = getattr(self._rest, "holds_docs", None)
+        return holds() if callable(holds) else True
 
 
 def displacy_keep(displacy_path: Optional[Union[str, Path]], displacy_limit: int) -> Optional[int]:

@@ -28,6 +28,7 @@ from srsly.msgpack import _Unpacker, _unpackb, msgpack_decoders
 from srsly.msgpack.exceptions import OutOfData
 
 from .._env import positive_int_env
+from ..zones import add_file_strings
 
 try:
     from spacy.tokens._dict_proxies import SpanGroups
@@ -58,6 +59,8 @@ def docbin_docs(doc_bin: DocBin, vocab: Vocab) -> Iterator[Doc]:
     """`doc_bin.get_docs(vocab)` with the docs' user data, decoded without
     `srsly.msgpack_loads`, which lists srsly's registered decoders (entry points) on
     every call: ~0.5-2 ms, more than decoding the doc."""
+    if vocab.in_memory_zone:  # the strings outlive the zone (`spacy_lean.zones`)
+        add_file_strings(vocab, doc_bin.strings)
     user_data = doc_bin.user_data
     if not user_data:
         yield from doc_bin.get_docs(vocab)
@@ -465,10 +468,10 @@ class DocBinReader:
         return min(start, stop), stop
 
     def add_strings(self, vocab: Vocab) -> None:
-        """Add the file's strings to the vocab, as `DocBin.get_docs` does first."""
+        """Add the file's strings to the vocab, as `DocBin.get_docs` does first (kept
+        past the end of a memory zone: later docs find their words by hash)."""
         items = self._items("strings")
-        for _ in range(self.n_strings):
-            vocab[items.next()]  # type: ignore[union-attr]
+        add_file_strings(vocab, (items.next() for _ in range(self.n_strings)))  # type: ignore
 
     def get_docs(self, vocab: Vocab, start: int = 0, stop: Optional[int] = None) -> Iterator[Doc]:
         """Yield the docs, decoded one at a time as `DocBin.get_docs` decodes them
@@ -539,9 +542,16 @@ class DocBinReader:
                 except CorruptShardError:
                     raise
                 except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+                    why = "The file is corrupt or was written by another spaCy version."
+                    if isinstance(err, KeyError) and vocab.in_memory_zone:
+                        why = (
+                            "A string it needs is missing from the vocab, which is in a spaCy "
+                            "memory zone: if the file reads without one (memory_zones=False, "
+                            "`--no-memory-zones`), please report it."
+                        )
                     raise CorruptShardError(
                         f"Could not decode doc {i} of '{self.path}' ({type(err).__name__}: "
-                        f"{err}). The file is corrupt or was written by another spaCy version."
+                        f"{err}). {why}"
                     ) from err
                 yield doc
                 i += 1

@@ -669,6 +669,7 @@ class CorpusStream:
         self._yielded = 0
         self._buffer: List[Tuple[Ref, Doc]] = []
         self._rng: Optional[numpy.random.Generator] = None
+        self._held = 0  # examples to come from docs already read (`holds_docs`)
         if state is not None:
             self._pos = tuple(state["pos"])  # type: ignore[assignment]
             self._done = bool(state["done"])
@@ -680,6 +681,12 @@ class CorpusStream:
 
     def __next__(self) -> Example:
         return next(self._iter)
+
+    def holds_docs(self) -> bool:
+        """Whether the stream holds docs it has read for later examples: the shuffle
+        buffer, the pieces of a split doc, an augmenter's further examples. The
+        streaming evaluator ends a memory zone only where it holds none."""
+        return bool(self._buffer) or self._held > 0
 
     def state(self) -> Dict[str, Any]:
         """The position after the latest yielded example, as a JSON-serialisable dict."""
@@ -704,8 +711,17 @@ class CorpusStream:
         corpus, nlp = self.corpus, self.nlp
         for ref in self._pieces():
             example = corpus._make_example(nlp, ref)
-            for eg in corpus.augmenter(nlp, example):  # type: ignore[operator]
-                yield eg
+            held = self._held  # the pieces of the doc still to come
+            if corpus.augmenter is dont_augment:
+                yield example
+                continue
+            # Listed, so that the stream knows whether it holds more (`holds_docs`).
+            examples = list(corpus.augmenter(nlp, example))  # type: ignore[operator]
+            del example, ref
+            while examples:
+                self._held = held + len(examples) - 1
+                yield examples.pop(0)
+            self._held = held
 
     def _pieces(self) -> Iterator[Doc]:
         corpus, nlp = self.corpus, self.nlp
@@ -748,6 +764,7 @@ class CorpusStream:
                     first = piece_start if (p == pos and d == doc_start) else 0
                     for k in range(first, len(pieces)):
                         self._pos = (p, d, k + 1)
+                        self._held = len(pieces) - k - 1
                         item = ((unit, d, k), pieces[k])
                         if not corpus.shuffle:
                             stats.examples += 1
@@ -768,6 +785,7 @@ class CorpusStream:
                 corpus._check_doc_share(split_stats)
             self._done = True
             self._pos = (len(order), 0, 0)
+        self._held = 0
         while buffer:
             j = int(rng.integers(len(buffer)))
             out = buffer[j]

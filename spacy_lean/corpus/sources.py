@@ -228,7 +228,7 @@ def read_examples(
     gold_preproc: bool = False,
     part: Tuple[int, int] = (0, 1),
     counts: Optional[Dict[str, int]] = None,
-) -> Iterator[Example]:
+) -> "ExampleStream":
     """Yield evaluation examples from data files, reading one file at a time, made as
     `spacy evaluate` makes them (`spacy.Corpus`, no length limit; empty docs skipped).
 
@@ -241,26 +241,57 @@ def read_examples(
     counts (Optional[Dict[str, int]]): if given, "empty_docs" counts the docs skipped
         for having no tokens, as they are read (so that the caller can say so: spaCy
         skips them in silence).
-    RETURNS (Iterator[Example]): the examples.
+    RETURNS (ExampleStream): an iterator of the examples, which says when it holds
+        docs (the streaming evaluator then reads it in memory zones).
     """
-    if counts is not None:
-        counts.setdefault("empty_docs", 0)
+    return ExampleStream(nlp, shards, gold_preproc=gold_preproc, part=part, counts=counts)
 
-    def non_empty(docs: Iterable[Doc]) -> Iterator[Doc]:
-        for doc in docs:
-            if len(doc):
-                yield doc
-            elif counts is not None:
-                counts["empty_docs"] += 1
 
-    for shard in shards:
-        shard = Path(shard)
-        corpus = Corpus(shard, gold_preproc=gold_preproc)
-        ref_docs = non_empty(iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part))
-        if gold_preproc:
-            yield from corpus.make_examples_gold_preproc(nlp, ref_docs)
-        else:
-            yield from corpus.make_examples(nlp, ref_docs)
+class ExampleStream:
+    """The examples `read_examples` yields, one stored doc at a time; `holds_docs()`
+    is true while examples of the latest doc are still to come (`gold_preproc` makes
+    one per sentence), so a memory zone may end only between docs."""
+
+    def __init__(
+        self,
+        nlp: Language,
+        shards: Iterable[Union[str, Path]],
+        *,
+        gold_preproc: bool = False,
+        part: Tuple[int, int] = (0, 1),
+        counts: Optional[Dict[str, int]] = None,
+    ) -> None:
+        if counts is not None:
+            counts.setdefault("empty_docs", 0)
+        self._held = 0
+        self._iter = self._examples(nlp, shards, gold_preproc, part, counts)
+
+    def __iter__(self) -> "ExampleStream":
+        return self
+
+    def __next__(self) -> Example:
+        return next(self._iter)
+
+    def holds_docs(self) -> bool:
+        """Whether examples made from an already-read doc are still to come."""
+        return self._held > 0
+
+    def _examples(self, nlp, shards, gold_preproc, part, counts) -> Iterator[Example]:
+        for shard in shards:
+            shard = Path(shard)
+            corpus = Corpus(shard, gold_preproc=gold_preproc)
+            make = corpus.make_examples_gold_preproc if gold_preproc else corpus.make_examples
+            for doc in iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part):
+                if not len(doc):
+                    if counts is not None:
+                        counts["empty_docs"] += 1
+                    continue
+                examples = list(make(nlp, [doc]))
+                del doc
+                while examples:
+                    self._held = len(examples) - 1
+                    yield examples.pop(0)
+                self._held = 0
 
 
 def path_fingerprint(paths: Iterable[Union[str, Path]], sample_bytes: int = 1 << 20) -> str:

@@ -83,6 +83,8 @@ class SlimExamplesState(ScoreState):
     """
 
     kind = "slim_examples"
+    # It keeps docs to the end: an evaluation with it uses no memory zones.
+    zone_safe = False
 
     def __init__(self, score: Callable[[List[Example]], Dict[str, Any]], vocab) -> None:
         self.score = score
@@ -168,6 +170,10 @@ class EntityLinkerGoldEntsState(ScoreState):
     for examples `prepare` did not see, as when called directly with processed docs)."""
 
     kind = "entity_linker_gold_ents"
+
+    @property
+    def zone_safe(self) -> bool:
+        return getattr(self.inner, "zone_safe", True)
 
     def __init__(self, component: Any, inner: ScoreState) -> None:
         self.component = component
@@ -279,6 +285,26 @@ def _replace_numpy_floats(value: Any) -> Any:
     return value
 
 
+# spaCy's own tokenizers whose `score` is `Tokenizer.score`'s: `Scorer.score_tokenization`
+# of the examples (Chinese, Japanese, Korean), by module and qualified name, so that
+# checking needs none of them imported.
+_TOKENIZATION_SCORERS = {
+    ("spacy.lang.zh", "ChineseTokenizer.score"),
+    ("spacy.lang.ja", "JapaneseTokenizer.score"),
+    ("spacy.lang.ko", "KoreanTokenizer.score"),
+}
+
+
+def _scores_tokenization(tokenizer: Any) -> bool:
+    """Whether the tokenizer's scorer is spaCy's tokenization scorer, which the
+    mergeable tokenization twin reproduces."""
+    score = type(tokenizer).score
+    if score is Tokenizer.score:
+        return True
+    where = (getattr(score, "__module__", None), getattr(score, "__qualname__", None))
+    return where in _TOKENIZATION_SCORERS
+
+
 class PipelineScoreState:
     """Mergeable score state of a pipeline: counts for every scoring component
     (and the tokenizer), plus words and seconds for `speed` and the number of
@@ -310,7 +336,7 @@ class PipelineScoreState:
         description: List[Any] = [score_nlp.lang, describe_value(cfg)]
         tokenizer = score_nlp.tokenizer
         if hasattr(tokenizer, "score"):
-            if type(tokenizer).score is Tokenizer.score:
+            if _scores_tokenization(tokenizer):
                 state: ScoreState = make_tokenization_twin()
                 how = "twin:tokenization"
             else:
@@ -375,6 +401,13 @@ class PipelineScoreState:
                 stacklevel=caller_stacklevel(),
             )
         return SlimExamplesState(score, nlp.vocab)
+
+    @property
+    def zone_safe(self) -> bool:
+        """Whether every component's state holds counts only, no docs, from one
+        update to the next (a fallback keeps slim copies of the examples): the
+        streaming evaluator then may read in memory zones (`spacy_lean.zones`)."""
+        return all(getattr(state, "zone_safe", True) for _, state in self.states)
 
     def prepare(self, examples: Sequence[Example]) -> None:
         """Let the states that run a component again do so while one batch's docs

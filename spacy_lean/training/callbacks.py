@@ -106,6 +106,7 @@ def make_lean_training_v1(
     eval_window_size: Optional[int] = None,
     eval_max_batch_tokens: Optional[int] = None,
     eval_trim_slack_mb: Optional[float] = 0.0,
+    eval_memory_zones: bool = True,
     exact_parser_gradient: bool = True,
     trim_heap_slack_mb: Optional[float] = DEFAULT_TRIM_SLACK_MB,
     sort_spans: bool = True,
@@ -133,6 +134,9 @@ def make_lean_training_v1(
     eval_trim_slack_mb (Optional[float]): its heap trimming: after every batch (0), only
         past this many MB above the working level, or never (null); see
         `spacy_lean.evaluate` (`trim_slack_mb`).
+    eval_memory_zones (bool): read a `spacy-lean.Corpus.v1` dev set in spaCy memory
+        zones, so the vocab does not grow with its distinct words (see
+        `spacy_lean.zones`).
     exact_parser_gradient (bool): drop the batch-dependent term spaCy 3.8's ner/parser
         lower layer adds to its weight gradient, so split batches give the same update.
     trim_heap_slack_mb (Optional[float]): before an update, give the host memory the
@@ -144,6 +148,11 @@ def make_lean_training_v1(
     RETURNS (Callable[[Language], Language]): the callback.
     """
     # Validate the settings when the config is resolved, not at the first batch.
+    if not isinstance(eval_memory_zones, bool):
+        raise ValueError(
+            f"{CALLBACK_NAME}: eval_memory_zones must be true or false, got "
+            f"{eval_memory_zones!r}."
+        )
     try:
         UpdatePolicy(max_padded_tokens=max_padded_tokens, trim_heap_slack_mb=trim_heap_slack_mb)
     except ValueError as err:
@@ -167,6 +176,7 @@ def make_lean_training_v1(
         "eval_window_size": eval_window_size,
         "eval_max_batch_tokens": eval_max_batch_tokens,
         "eval_trim_slack_mb": eval_trim_slack_mb,
+        "eval_memory_zones": eval_memory_zones,
     }
     defaults = inspect.signature(make_lean_training_v1).parameters
     ignored = [name for name, value in given.items() if value != defaults[name].default]
@@ -195,6 +205,7 @@ def make_lean_training_v1(
                 window_size=eval_window_size,
                 max_batch_tokens=eval_max_batch_tokens,
                 trim_slack_mb=eval_trim_slack_mb,
+                memory_zones=eval_memory_zones,
             )
         return nlp
 

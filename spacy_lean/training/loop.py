@@ -565,8 +565,12 @@ def make_distributed_evaluation(
 
     def evaluate() -> Tuple[float, Dict[str, Any]]:
         evaluator = StreamingEvaluator(nlp, **settings)
+        examples = dev_corpus(nlp)
+        if ctx.active and not shares_itself:
+            examples = _share(examples, ctx, shares_itself)
+        # else the reader's own stream, which may say when it holds docs (memory zones)
         try:
-            state = evaluator.run(_share(dev_corpus(nlp), ctx, shares_itself))
+            state = evaluator.run(examples)
         except KeyError as e:
             raise KeyError(Errors.E900.format(pipeline=nlp.pipe_names)) from e
         states = ctx.all_gather_json(state.to_dict())

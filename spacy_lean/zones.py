@@ -1,0 +1,156 @@
+"""Streaming evaluation in spaCy memory zones, so the vocab stops growing with the data.
+
+Every doc spaCy makes adds its new strings to `nlp.vocab.strings` and a lexeme for
+each new word to `nlp.vocab` (with its norm, shape, prefix and suffix strings: about
+430 bytes per distinct word), and the tokenizer caches every new whitespace-separated
+chunk. None of it is ever freed. A dev set rich in distinct words (numbers, names,
+URLs, user handles, typos) grows the process with its size, however little the
+evaluator itself holds: +423 MB per million distinct words.
+
+spaCy 3.8's `Language.memory_zone` frees what was added to the vocab inside the zone
+when the zone ends; whatever was made inside it must not be used after (its strings
+are gone; spaCy calls such use undefined). The streaming evaluator reads and scores a
+stream in zones, one after another, switching at the end of a window, when:
+
+- the stream says it holds no doc it made (`holds_docs()` is false): between the
+  pieces of a split doc, or with a shuffle buffer, it holds some, and the zone goes
+  on to the next window end;
+- the one example the evaluator read ahead can be made again in the next zone (its
+  two docs go through `Doc.to_bytes`; user data msgpack cannot encode keeps the zone).
+
+The first window is read outside any zone: its words stay in the vocab, and spaCy's
+tokenizer caches them (in a zone it caches nothing: tokenizing there took 3.3x the time
+without that first window, 1.0x with it, on 6,000 tweet-like docs). A window is bounded
+(`window_tokens`), so what stays is too, whatever the size of the data.
+
+Only streams that say when they hold docs are read in zones: spacy-lean's readers
+(`read_examples`, `spacy-lean.Corpus.v1`'s streams). Any other iterable (a list, a
+generator) is read as before, as is a stream evaluated inside a zone of the caller's
+(zones do not nest). The strings of a .spacy file's string table stay (they are the
+file's, and its docs need them by hash); their lexemes, and everything the docs and
+the pipeline add, go. The score states hold counts keyed by Python strings, never
+docs or hashes, so the scores are those of an evaluation without zones.
+"""
+
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from spacy.language import Language
+from spacy.tokens import Doc
+from spacy.training import Example
+from spacy.vocab import Vocab
+
+
+# Strings of a data file's table that were in the vocab before the table was read in a
+# memory zone, per vocab (by id) while `MemoryZones` has a zone open: those may be
+# transient (added earlier in the zone), and adding them again kept them so (spaCy
+# keeps the first entry), so they are added again once the zone has ended.
+_MAYBE_TRANSIENT: Dict[int, List[str]] = {}
+
+
+def add_file_strings(vocab: Vocab, strings: Iterable[str]) -> None:
+    """Add a data file's string table to the vocab as `DocBin.get_docs` does (a
+    lexeme per string), keeping the strings past the end of a memory zone: the file's
+    docs, made later (in later zones), find their words by hash."""
+    if not vocab.in_memory_zone:
+        for string in strings:
+            vocab[string]
+        return
+    store = vocab.strings
+    strings = list(strings)
+    present = [string for string in strings if string in store]
+    # Every string first: a lexeme adds its norm, prefix, suffix and shape strings
+    # (transient in a zone), and the table holds some of those ("Zorblax" comes before
+    # "zorblax", its norm, in the table's sorted order).
+    for string in strings:
+        store.add(string, allow_transient=False)
+    for string in strings:
+        vocab[string]
+    kept = _MAYBE_TRANSIENT.get(id(vocab))
+    if kept is not None:
+        kept.extend(present)
+
+
+class MemoryZones:
+    """The memory zones of one streaming evaluation (see the module's docs).
+
+    nlp (Language): the pipeline, whose `memory_zone` is entered.
+    source (Any): the stream; its `holds_docs()` says whether a zone may end.
+    """
+
+    def __init__(self, nlp: Language, source: Any) -> None:
+        self.nlp = nlp
+        self.source = source
+        self.n_zones = 0  # zones entered
+        self.n_kept = 0  # window ends where the zone went on (the stream held docs)
+        self._zone: Any = None
+
+    @classmethod
+    def for_stream(cls, nlp: Language, examples: Any, state: Any) -> Optional["MemoryZones"]:
+        """Zones for evaluating `examples` into `state`, or None where they cannot be
+        used: a stream that does not say when it holds docs, a caller's zone already
+        open, or a state that keeps the examples (a custom `Scorer` subclass)."""
+        if not callable(getattr(examples, "holds_docs", None)):
+            return None
+        if not hasattr(nlp, "memory_zone") or nlp.vocab.in_memory_zone:
+            return None
+        if not getattr(state, "zone_safe", True):
+            return None
+        return cls(nlp, examples)
+
+    @property
+    def in_zone(self) -> bool:
+        """Whether one of these zones is open."""
+        return self._zone is not None
+
+    def open(self) -> None:
+        """Enter a new zone."""
+        zone = self.nlp.memory_zone()
+        zone.__enter__()
+        self._zone = zone
+        _MAYBE_TRANSIENT[id(self.nlp.vocab)] = []
+        self.n_zones += 1
+
+    def close(self) -> None:
+        """End the current zone, if one is open; the strings of the file tables read in
+        it that it may have removed are added again (`add_file_strings`)."""
+        zone, self._zone = self._zone, None
+        if zone is None:
+            return
+        kept = _MAYBE_TRANSIENT.pop(id(self.nlp.vocab), [])
+        zone.__exit__(None, None, None)
+        store = self.nlp.vocab.strings
+        for string in kept:
+            if string not in store:
+                store.add(string)
+
+    def next_zone(self, pending: Optional[Example]) -> Optional[Example]:
+        """At a window's end: end the zone and enter the next where nothing made in it
+        is used later. `pending` is the example read ahead; RETURNS it, made again in
+        the new zone if the zone changed."""
+        if self._zone is None:  # after a window read outside any zone (the first)
+            self.open()
+            return pending  # made outside any zone: usable in all
+        if self.source.holds_docs():
+            self.n_kept += 1
+            return pending
+        data = None
+        if pending is not None:
+            try:
+                data = example_to_bytes(pending)
+            except (TypeError, ValueError):  # user data msgpack cannot encode
+                self.n_kept += 1
+                return pending
+        self.close()
+        self.open()
+        return example_from_bytes(self.nlp.vocab, data) if data is not None else None
+
+
+def example_to_bytes(eg: Example) -> Tuple[bytes, bytes]:
+    """An example's two docs, serialised with their strings."""
+    return eg.predicted.to_bytes(), eg.reference.to_bytes()
+
+
+def example_from_bytes(vocab: Vocab, data: Tuple[bytes, bytes]) -> Example:
+    """The example `example_to_bytes` serialised, made with `vocab`."""
+    predicted, reference = data
+    return Example(Doc(vocab).from_bytes(predicted), Doc(vocab).from_bytes(reference))
