@@ -544,3 +544,23 @@ def test_a_unit_does_not_repeat_the_drivers_warning(shard_dir, tmp_path):
         _WORKER.clear()
     assert result.n_examples > 0
     assert not [w for w in record if "no mergeable twin" in str(w.message)]
+
+
+def test_a_workers_checkpoint_with_every_unit_finished_says_so(model_dir, shard_dir, tmp_path):
+    """A stop between the last unit and the final save leaves every unit finished and
+    `done` false: the rerun said "Evaluated 0 examples in 0.0s ... 18 more before"; it
+    says they were all evaluated by the earlier run, with the same scores."""
+    ckpt = tmp_path / "ckpt.json"
+    args = ["--workers", "2", "--checkpoint", ckpt, "--no-progress"]
+    first = tmp_path / "first.json"
+    result = lean_evaluate(model_dir, shard_dir, *args, "-o", first)
+    assert result.exit_code == 0, result.output
+    saved = srsly.read_json(ckpt)
+    assert saved["done"] and len(saved["units"]) == 3
+    saved["done"] = False
+    srsly.write_json(ckpt, saved)
+    again = tmp_path / "again.json"
+    result = lean_evaluate(model_dir, shard_dir, *args, "-o", again)
+    assert result.exit_code == 0, result.output
+    assert "All 18 examples were evaluated by an earlier run" in result.output
+    assert without_speed(srsly.read_json(again)) == without_speed(srsly.read_json(first))

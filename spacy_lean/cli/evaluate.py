@@ -326,7 +326,8 @@ def evaluate_streaming_cli(
     before = int(resumed.get("n_examples") or 0) if resumed else 0
     if resumed and resumed.get("units"):  # --workers: the finished units hold the counts
         before = _counted(resumed["units"])
-    if resumed and resumed.get("done"):
+    # Done, or every unit finished before a stop that came ahead of the final save.
+    if resumed and (resumed.get("done") or n_examples == before):
         msg.good(f"All {n_examples} examples were evaluated by an earlier run ({checkpoint})")
     elif before:
         rate = (n_examples - before) / max(elapsed, 1e-9)
