@@ -26,15 +26,20 @@ without that first window, 1.0x with it, on 6,000 tweet-like docs). A window is 
 Only streams that say when they hold docs are read in zones: spacy-lean's readers
 (`read_examples`, `spacy-lean.Corpus.v1`'s streams). Any other iterable (a list, a
 generator) is read as before, as is a stream evaluated inside a zone of the caller's
-(zones do not nest). The strings of a .spacy file's string table stay (they are the
-file's, and its docs need them by hash); their lexemes, and everything the docs and
-the pipeline add, go. The score states hold counts keyed by Python strings, never
-docs or hashes, so the scores are those of an evaluation without zones.
+(zones do not nest). A .spacy file stores its docs as hashes with one string table:
+the streams tell its reader (`use_memory_zones`), which then keeps the table as a
+compact index (`StringIndex`) and adds each doc's own strings as the doc is read, so
+they go with its zone too. Where a table is read whole in a zone (compact chunks of
+`spacy-lean.Corpus.v1`), its strings are kept (`add_file_strings`). The score states
+hold counts keyed by Python strings, never docs or hashes, so the scores are those of
+an evaluation without zones.
 """
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+import numpy
 from spacy.language import Language
+from spacy.strings import get_string_id
 from spacy.tokens import Doc
 from spacy.training import Example
 from spacy.vocab import Vocab
@@ -45,6 +50,9 @@ from spacy.vocab import Vocab
 # transient (added earlier in the zone), and adding them again kept them so (spaCy
 # keeps the first entry), so they are added again once the zone has ended.
 _MAYBE_TRANSIENT: Dict[int, List[str]] = {}
+# How many of `MemoryZones`' zones have ended, per vocab (by id): a `StringIndex` knows
+# that the strings it added before then may be gone.
+_ENDED: Dict[int, int] = {}
 
 
 def add_file_strings(vocab: Vocab, strings: Iterable[str]) -> None:
@@ -68,6 +76,68 @@ def add_file_strings(vocab: Vocab, strings: Iterable[str]) -> None:
     kept = _MAYBE_TRANSIENT.get(id(vocab))
     if kept is not None:
         kept.extend(present)
+
+
+class StringIndex:
+    """A data file's string table kept compact, for reading its docs in memory zones:
+    the strings' hashes (sorted) and their UTF-8 bytes, about 26 bytes a string against
+    ~240 in spaCy's string store. `add(vocab, keys)` adds the strings of the hashes a
+    doc uses (its token table, its spans' labels and ids) to the vocab, so each doc
+    brings its own strings into the zone it is read in, and the table itself never
+    enters the vocab.
+
+    strings (Iterable[str]): the table.
+    """
+
+    def __init__(self, strings: Iterable[str]) -> None:
+        hashes: List[int] = []
+        ends: List[int] = []
+        blob = bytearray()
+        for string in strings:
+            hashes.append(get_string_id(string))
+            blob += string.encode("utf8")
+            ends.append(len(blob))
+        keys = numpy.array(hashes, dtype=numpy.uint64)
+        order = numpy.argsort(keys, kind="stable")
+        stops = numpy.array(ends, dtype=numpy.int64)
+        starts = numpy.concatenate([numpy.zeros(1, numpy.int64), stops[:-1]])
+        self.keys = keys[order]
+        self.starts = starts[order]
+        self.stops = stops[order]
+        self.blob = bytes(blob)
+        # The strings added since the last zone ended (still in the vocab): skipped
+        # without a lookup, so a doc costs about its new strings only.
+        self._added = numpy.zeros(len(hashes), dtype=bool)
+        self._ended: Optional[int] = None
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.starts.nbytes + self.stops.nbytes + len(self.blob)
+
+    def add(self, vocab: Vocab, keys: Any) -> None:
+        """Add the table's strings whose hashes are among `keys` (any shape) and not in
+        the vocab yet; other values (0, numbers, unknown hashes) are ignored."""
+        if not len(self):
+            return
+        ended = _ENDED.get(id(vocab), 0)
+        if ended != self._ended:
+            self._added[:] = False
+            self._ended = ended
+        keys = numpy.unique(numpy.asarray(keys, dtype=numpy.uint64))
+        pos = numpy.minimum(numpy.searchsorted(self.keys, keys), len(self) - 1)
+        pos = pos[self.keys[pos] == keys]
+        pos = pos[~self._added[pos]]
+        if not len(pos):
+            return
+        self._added[pos] = True
+        store = vocab.strings
+        blob, starts, stops = self.blob, self.starts, self.stops
+        for key, i in zip(self.keys[pos].tolist(), pos.tolist()):
+            if key not in store:
+                store.add(blob[starts[i] : stops[i]].decode("utf8"))
 
 
 class MemoryZones:
@@ -95,6 +165,9 @@ class MemoryZones:
             return None
         if not getattr(state, "zone_safe", True):
             return None
+        use = getattr(examples, "use_memory_zones", None)
+        if callable(use):  # e.g. read .spacy files' strings doc by doc (`StringIndex`)
+            use()
         return cls(nlp, examples)
 
     @property
@@ -118,6 +191,7 @@ class MemoryZones:
             return
         kept = _MAYBE_TRANSIENT.pop(id(self.nlp.vocab), [])
         zone.__exit__(None, None, None)
+        _ENDED[id(self.nlp.vocab)] = _ENDED.get(id(self.nlp.vocab), 0) + 1
         store = self.nlp.vocab.strings
         for string in kept:
             if string not in store:

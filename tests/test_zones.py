@@ -8,7 +8,7 @@ import pytest
 import spacy
 import srsly
 from spacy.scorer import Scorer
-from spacy.tokens import DocBin
+from spacy.tokens import DocBin, Span
 from spacy.training import Example
 
 from spacy_lean import evaluate, synthetic
@@ -460,3 +460,63 @@ def test_spacy_lean_evaluate_and_its_workers_take_the_setting(trained_ner, tmp_p
         finally:
             _WORKER.clear()
         assert (built[-1].zones is not None) is zones
+
+
+def test_a_spacy_file_read_doc_by_doc_gives_the_docs_docbin_gives(tmp_path):
+    """`strings_per_doc`: each doc brings its own strings (token table, span labels and
+    ids) from the file's compact index; the docs are those of `DocBin.get_docs` (tags,
+    morphs, lemmas, heads, entities with kb ids, span groups, cats), and the vocab takes
+    only the strings of the docs read."""
+    from spacy_lean.corpus.docbin import DocBinReader
+    from spacy_lean.zones import StringIndex
+
+    docs = make_scoring_docs(spacy.blank("en"), 12, seed=21)
+    docs[0].spans["other"] = [
+        Span(docs[0], 0, 2, label="ONLY_IN_A_SPAN", kb_id="Q_ONLY_IN_A_SPAN", span_id="ID_X")
+    ]
+    path = tmp_path / "dev.spacy"
+    DocBin(docs=docs, store_user_data=True).to_disk(path)
+    expected = [d.to_json() for d in DocBin().from_disk(path).get_docs(spacy.blank("en").vocab)]
+    vocab = spacy.blank("en").vocab
+    before = len(vocab.strings)
+    with DocBinReader(path) as reader:
+        got = list(reader.get_docs(vocab, strings_per_doc=True))
+        n_table = reader.n_strings
+    assert [d.to_json() for d in got] == expected
+    span = got[0].spans["other"][0]
+    assert (span.label_, span.kb_id_, span.id_) == ("ONLY_IN_A_SPAN", "Q_ONLY_IN_A_SPAN", "ID_X")
+    assert n_table > 50
+    grown = {}
+    for per_doc in (True, False):  # only the first doc read: its strings, or the table
+        vocab = spacy.blank("en").vocab
+        before = len(vocab.strings)
+        with DocBinReader(path) as reader:
+            first = list(reader.get_docs(vocab, 0, 1, strings_per_doc=per_doc))
+        assert first[0].to_json() == expected[0]
+        grown[per_doc] = len(vocab.strings) - before
+    assert grown[True] < grown[False] / 2
+    index = StringIndex(["a", "b", "Zorblax"])
+    assert len(index) == 3 and index.nbytes < 100
+
+
+def test_a_spacy_file_s_strings_go_with_the_zones(trained_ner, tmp_path):
+    """A .spacy dev set read in zones: its string table no longer enters the vocab
+    whole; the words of the docs after the first window go (the control: without zones
+    every one stays), with the same scores."""
+    nlp = trained_ner
+    records = new_word_docs(spacy.blank("en"), 60, seed=13)
+    make = spacy.blank("en")
+    from spacy_lean.corpus.jsonl import doc_from_record
+
+    path = tmp_path / "dev.spacy"
+    DocBin(docs=[doc_from_record(make, r, where="test") for r in records]).to_disk(path)
+    later = {w for r in records[9:] for w in r["text"].split() if w.startswith("@user")}
+    ev = evaluator_for(nlp)
+    zoned = ev.run(read_examples(nlp, [path])).result()
+    assert ev.zones.n_zones > 5
+    assert not later & set(nlp.vocab.strings)
+    unzoned = evaluator_for(nlp, memory_zones=False).run(read_examples(nlp, [path])).result()
+    assert later <= set(nlp.vocab.strings)
+    expected = nlp.evaluate(list(read_examples(nlp, [path])), batch_size=4)
+    assert_scores_equal(without_speed(expected), without_speed(zoned))
+    assert_scores_equal(without_speed(expected), without_speed(unzoned))

@@ -117,6 +117,11 @@ class _KeptThenRest:
         holds = getattr(self._rest, "holds_docs", None)
         return holds() if callable(holds) else True
 
+    def use_memory_zones(self) -> None:
+        use = getattr(self._rest, "use_memory_zones", None)
+        if callable(use):
+            use()
+
 
 def displacy_keep(displacy_path: Optional[Union[str, Path]], displacy_limit: int) -> Optional[int]:
     """How many of the listed examples `spacy evaluate` uses after evaluating: its

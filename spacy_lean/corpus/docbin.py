@@ -21,14 +21,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy
 import srsly
-from spacy.attrs import ORTH
+from spacy.attrs import ENT_IOB, HEAD, ORTH, POS, SENT_START, SPACY
 from spacy.tokens import Doc, DocBin
 from spacy.vocab import Vocab
 from srsly.msgpack import _Unpacker, _unpackb, msgpack_decoders
 from srsly.msgpack.exceptions import OutOfData
 
 from .._env import positive_int_env
-from ..zones import add_file_strings
+from ..zones import StringIndex, add_file_strings
 
 try:
     from spacy.tokens._dict_proxies import SpanGroups
@@ -266,6 +266,10 @@ def _unpacker(stream: _Inflater, hook: Any = None) -> _Unpacker:
     return _Unpacker(stream, raw=False, use_list=True, read_size=_UNPACK_READ, object_hook=hook)
 
 
+# DocBin attributes whose values are not string hashes (POS holds symbol ids).
+_NON_STRING_ATTRS = {ENT_IOB, HEAD, POS, SENT_START, SPACY}
+
+
 class _Items:
     """The elements of one msgpack array section, unpacked one at a time."""
 
@@ -473,23 +477,42 @@ class DocBinReader:
         items = self._items("strings")
         add_file_strings(vocab, (items.next() for _ in range(self.n_strings)))  # type: ignore
 
-    def get_docs(self, vocab: Vocab, start: int = 0, stop: Optional[int] = None) -> Iterator[Doc]:
+    def get_docs(
+        self,
+        vocab: Vocab,
+        start: int = 0,
+        stop: Optional[int] = None,
+        *,
+        strings_per_doc: bool = False,
+    ) -> Iterator[Doc]:
         """Yield the docs, decoded one at a time as `DocBin.get_docs` decodes them
         (with their user data, whether or not it was stored).
 
         vocab (Vocab): the shared vocab; every string of the file is added to it.
         start (int): first doc to yield (the ones before are skipped undecoded).
         stop (Optional[int]): end (exclusive); None for the last doc.
+        strings_per_doc (bool): add to the vocab only each doc's own strings, as it is
+            decoded (its token table's, its spans' labels and ids), from a compact
+            index of the table (`spacy_lean.zones.StringIndex`), not the whole table
+            first: for reading in memory zones, where each doc's strings then go with
+            the zone it is read in. Strings kept as hashes in user data are not added.
         YIELDS (Doc): the docs.
         RAISES (CorruptShardError): a doc cannot be decoded; the message names the file.
         """
         start, stop = self._bounds(start, stop)
         if self.closed:
             raise ValueError(f"The DocBinReader of '{self.path}' is closed.")
-        self.add_strings(vocab)
+        index: Optional[StringIndex] = None
+        if strings_per_doc:
+            items = self._items("strings")
+            index = StringIndex(items.next() for _ in range(self.n_strings))  # type: ignore
+        else:
+            self.add_strings(vocab)
         attrs = self.attrs
         n_attrs = len(attrs)
         orth_col = attrs.index(ORTH)
+        # The columns whose values are string hashes (not heads, flags or IOB codes).
+        string_cols = [i for i, attr in enumerate(attrs) if attr not in _NON_STRING_ATTRS]
         lengths = self.iter_lengths(start, stop)
         tokens = self._open("tokens")
         spaces = self._open("spaces")
@@ -522,6 +545,8 @@ class DocBinReader:
                     flags = flags_items.next() if flags_items is not None else {}
                     if flags.get("has_unknown_spaces"):
                         doc_spaces = None
+                    if index is not None:
+                        index.add(vocab, table[:, string_cols])
                     doc = Doc(
                         vocab, words=table[:, orth_col], spaces=doc_spaces  # type: ignore[arg-type]
                     )
@@ -533,8 +558,9 @@ class DocBinReader:
                         # Spans are stored unchecked: making each one checks its
                         # bounds (IndexError E035 for a span past the doc's end).
                         for group in doc.spans.values():
-                            for _ in group:
-                                pass
+                            for span in group:
+                                if index is not None:
+                                    index.add(vocab, [span.label, span.kb_id, span.id])
                     else:
                         doc.spans.clear()
                     data = user_data.next() if user_data is not None and i < n_user_data else None

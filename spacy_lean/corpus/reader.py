@@ -515,17 +515,26 @@ class LeanCorpus:
             "long docs into several), or train on fewer processes (--nproc).",
         )
 
-    def _unit_docs(self, nlp: Language, unit: int) -> Iterator[Doc]:
+    def _unit_docs(self, nlp: Language, unit: int, strings_per_doc: bool = False) -> Iterator[Doc]:
         if self.compact:
             data = self._compact_chunks[unit]  # type: ignore[index]
             chunk = DocBin(store_user_data=True).from_bytes(data)
             return docbin_docs(chunk, nlp.vocab)
         return iter_shard_docs(
-            self.shards[unit], nlp.vocab, {"spans_key": self.jsonl_spans_key}, nlp=nlp
+            self.shards[unit],
+            nlp.vocab,
+            {"spans_key": self.jsonl_spans_key},
+            nlp=nlp,
+            strings_per_doc=strings_per_doc,
         )
 
     def _unit_pieces(
-        self, nlp: Language, unit: int, stats: SplitStats, skip_docs: int = 0
+        self,
+        nlp: Language,
+        unit: int,
+        stats: SplitStats,
+        skip_docs: int = 0,
+        strings_per_doc: bool = False,
     ) -> Iterator[Tuple[int, List[Doc]]]:
         """(doc index, pieces) for this worker's docs of one unit."""
         if self.compact:
@@ -538,7 +547,7 @@ class LeanCorpus:
         rank, size = self.rank_and_size
         by_doc = self.share_by == "doc" and size > 1
         splitter = self._get_splitter()
-        for d, doc in enumerate(self._unit_docs(nlp, unit)):
+        for d, doc in enumerate(self._unit_docs(nlp, unit, strings_per_doc)):
             if allowed is not None and d >= allowed:
                 break
             if d < skip_docs or (by_doc and (unit + d) % size != rank):
@@ -670,6 +679,7 @@ class CorpusStream:
         self._buffer: List[Tuple[Ref, Doc]] = []
         self._rng: Optional[numpy.random.Generator] = None
         self._held = 0  # examples to come from docs already read (`holds_docs`)
+        self._strings_per_doc = False  # set by `use_memory_zones`
         if state is not None:
             self._pos = tuple(state["pos"])  # type: ignore[assignment]
             self._done = bool(state["done"])
@@ -687,6 +697,12 @@ class CorpusStream:
         buffer, the pieces of a split doc, an augmenter's further examples. The
         streaming evaluator ends a memory zone only where it holds none."""
         return bool(self._buffer) or self._held > 0
+
+    def use_memory_zones(self) -> None:
+        """Called by the streaming evaluator before it reads in memory zones: .spacy
+        shards opened from now on bring each doc's own strings into the vocab as it is
+        read, not the whole string table first (`DocBinReader.get_docs`)."""
+        self._strings_per_doc = True
 
     def state(self) -> Dict[str, Any]:
         """The position after the latest yielded example, as a JSON-serialisable dict."""
@@ -755,7 +771,10 @@ class CorpusStream:
                 # Resuming inside a doc: it must be this worker's next doc, with that
                 # many pieces (else pieces would be skipped, or the shard's docs).
                 resuming = p == pos and piece_start > 0
-                for d, pieces in corpus._unit_pieces(nlp, unit, split_stats, skip):
+                pieces_of = corpus._unit_pieces(
+                    nlp, unit, split_stats, skip, strings_per_doc=self._strings_per_doc
+                )
+                for d, pieces in pieces_of:
                     if resuming:
                         resuming = False
                         if d != doc_start or piece_start > len(pieces):

@@ -146,6 +146,7 @@ def iter_shard_docs(
     nlp: Optional[Language] = None,
     *,
     part: Tuple[int, int] = (0, 1),
+    strings_per_doc: bool = False,
 ) -> Iterator[Doc]:
     """Yield the docs of one data file, in stored order (empty docs included), one at
     a time: a .spacy file of any size is read in bounded memory (`DocBinReader`).
@@ -156,6 +157,8 @@ def iter_shard_docs(
     nlp (Optional[Language]): the tokenizer, needed for .jsonl files.
     part (Tuple[int, int]): (k, n): only the k-th of n contiguous, near-equal parts
         of the file's stored docs (the parts of k = 0..n-1 hold every doc once).
+    strings_per_doc (bool): a .spacy file's docs bring only their own strings into the
+        vocab, as they are read (`DocBinReader.get_docs`), for memory zones.
     RAISES (CorruptShardError): the file cannot be read; the message names it.
     """
     path = Path(path)
@@ -164,7 +167,7 @@ def iter_shard_docs(
         raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part}.")
     if detect_format(path) == "jsonl" and nlp is None:
         raise ValueError("Reading .jsonl needs the nlp object (for its tokenizer).")
-    docs = _raw_docs(path, vocab, jsonl_options, nlp, part)
+    docs = _raw_docs(path, vocab, jsonl_options, nlp, part, strings_per_doc)
     while True:
         try:
             doc = next(docs)
@@ -188,6 +191,7 @@ def _raw_docs(
     jsonl_options: Optional[dict],
     nlp: Optional[Language],
     part: Tuple[int, int],
+    strings_per_doc: bool = False,
 ) -> Iterator[Doc]:
     if detect_format(path) == "jsonl":
         # Parts are cut in records as stored (left-out ones included), as counted.
@@ -197,7 +201,8 @@ def _raw_docs(
         )
         return
     with DocBinReader(path) as reader:
-        yield from reader.get_docs(vocab, *_part_bounds(len(reader), part))
+        start, stop = _part_bounds(len(reader), part)
+        yield from reader.get_docs(vocab, start, stop, strings_per_doc=strings_per_doc)
 
 
 def count_gold_docs(path: Union[str, Path], stop: Optional[int] = None) -> int:
@@ -264,6 +269,7 @@ class ExampleStream:
         if counts is not None:
             counts.setdefault("empty_docs", 0)
         self._held = 0
+        self._strings_per_doc = False
         self._iter = self._examples(nlp, shards, gold_preproc, part, counts)
 
     def __iter__(self) -> "ExampleStream":
@@ -276,12 +282,21 @@ class ExampleStream:
         """Whether examples made from an already-read doc are still to come."""
         return self._held > 0
 
+    def use_memory_zones(self) -> None:
+        """Called by the streaming evaluator before it reads in memory zones: .spacy
+        files opened from now on bring each doc's own strings into the vocab as it is
+        read, not the whole string table first (`DocBinReader.get_docs`)."""
+        self._strings_per_doc = True
+
     def _examples(self, nlp, shards, gold_preproc, part, counts) -> Iterator[Example]:
         for shard in shards:
             shard = Path(shard)
             corpus = Corpus(shard, gold_preproc=gold_preproc)
             make = corpus.make_examples_gold_preproc if gold_preproc else corpus.make_examples
-            for doc in iter_shard_docs(shard, nlp.vocab, nlp=nlp, part=part):
+            docs = iter_shard_docs(
+                shard, nlp.vocab, nlp=nlp, part=part, strings_per_doc=self._strings_per_doc
+            )
+            for doc in docs:
                 if not len(doc):
                     if counts is not None:
                         counts["empty_docs"] += 1
