@@ -557,10 +557,13 @@ class DocBinReader:
                         doc.spans.from_bytes(groups)
                         # Spans are stored unchecked: making each one checks its
                         # bounds (IndexError E035 for a span past the doc's end).
+                        span_keys: List[int] = []
                         for group in doc.spans.values():
                             for span in group:
                                 if index is not None:
-                                    index.add(vocab, [span.label, span.kb_id, span.id])
+                                    span_keys += (span.label, span.kb_id, span.id)
+                        if index is not None and span_keys:
+                            index.add(vocab, span_keys)  # once per doc, not per span
                     else:
                         doc.spans.clear()
                     data = user_data.next() if user_data is not None and i < n_user_data else None
