@@ -1543,3 +1543,51 @@ def test_gradient_checkpointing_on_a_curated_transformer_says_why_it_is_off(tiny
         lean_update(nlp, examples, policy=UpdatePolicy(gradient_checkpointing=True))
     said = [str(w.message) for w in record if "gradient_checkpointing is on" in str(w.message)]
     assert len(said) == 1 and "['transformer'] are spacy-curated-transformers" in said[0], said
+
+
+def _span_finder_pipeline():
+    """tok2vec + span_finder (the spancat's usual suggester), 4 docs with a span each
+    and 2 too short for one; one optimizer step taken."""
+    nlp = spacy.blank("en")
+    nlp.add_pipe("tok2vec")
+    listener = {"@architectures": "spacy.Tok2VecListener.v1", "width": 96, "upstream": "*"}
+    model = {
+        "@architectures": "spacy.SpanFinder.v1",
+        "tok2vec": listener,
+        "scorer": {"@layers": "spacy.LinearLogistic.v1", "nO": 2},
+    }
+    nlp.add_pipe("span_finder", config={"spans_key": "sc", "model": model})
+    texts = [
+        "Ada Lovelace met Charles Babbage in London yesterday .",
+        "The old bridge over the river Thames was closed .",
+        "Grace Hopper wrote the first compiler .",
+        "They walked north along the coast for days .",
+        "Hello there",
+        "Thanks !",
+    ]
+    examples = []
+    for text in texts:
+        ref = nlp.make_doc(text)
+        ref.spans["sc"] = [Span(ref, 0, 2, label="THING")] if len(ref) > 3 else []
+        examples.append(Example(nlp.make_doc(text), ref))
+    fix_random_seed(0)
+    optimizer = nlp.initialize(lambda: examples)
+    nlp.update(examples, sgd=optimizer)
+    return nlp, examples
+
+
+def test_a_span_finder_split_is_the_whole_batch_update_without_a_warning():
+    """span_finder's gradient is a sum over the batch's tokens: a split gives the whole
+    batch's gradients and loss, and does not warn that its normalisation is unchecked
+    (it did: span_finder was missing from the checked components)."""
+    whole, examples = _span_finder_pipeline()
+    split, _ = _span_finder_pipeline()
+    whole_losses = lean_update(whole, examples, losses={})
+    policy = UpdatePolicy(max_padded_tokens=12)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        split_losses = lean_update(split, examples, policy=policy, losses={})
+    assert policy.split_batches == 1
+    assert not [str(w.message) for w in record if "not checked" in str(w.message)]
+    assert_same(arrays(split, grads=True), arrays(whole, grads=True), "span_finder grad")
+    assert_same_losses(split_losses, whole_losses)

@@ -58,6 +58,7 @@ from spacy.pipeline import (
     Morphologizer,
     SentenceRecognizer,
     SpanCategorizer,
+    SpanFinder,
     Tagger,
     TextCategorizer,
     Tok2Vec,
@@ -83,6 +84,7 @@ _CHECKED_SUM: Tuple[type, ...] = (
     Morphologizer,
     SentenceRecognizer,
     SpanCategorizer,
+    SpanFinder,
     EditTreeLemmatizer,
     Tok2Vec,
 )
