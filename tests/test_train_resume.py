@@ -1401,3 +1401,61 @@ def test_the_gpu_resume_test_on_the_cpu_with_the_gpu_generators_stubbed(
         test_a_sigterm_resume_on_the_gpu_gives_the_uninterrupted_gpu_run(
             setup, trf_dropout_setup, tmp_path, monkeypatch, pipeline
         )
+
+
+@pytest.mark.parametrize("gpu_id,expected", [(0, ["allocator pytorch", "load"]), (-1, ["load"])])
+def test_a_gpu_resume_sets_the_configs_allocator_before_building_the_pipeline(
+    setup, monkeypatch, gpu_id, expected
+):
+    """As `init_nlp` for a new run: on a GPU the config's gpu_allocator (here through
+    ${system.gpu_allocator}) is set before the pipeline the saved weights load into is
+    built, so torch's allocator holds them. The loop set it after the load, and the
+    weights stayed in cupy's own pool for the whole run. On the CPU nothing is set."""
+    from thinc import api as thinc_api
+
+    from spacy_lean.cli import train as train_cli
+
+    calls = []
+    real_load = train_cli.util.load_model_from_config
+
+    def load(*args, **kwargs):
+        calls.append("load")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(
+        thinc_api, "set_gpu_allocator", lambda name: calls.append(f"allocator {name}")
+    )
+    monkeypatch.setattr(train_cli.util, "load_model_from_config", load)
+    config = spacy.util.load_config(
+        setup / "config.cfg", overrides={"system.gpu_allocator": "pytorch"}, interpolate=False
+    )
+    nlp = train_cli._pipeline_to_resume(config, gpu_id)
+    assert calls == expected and nlp.pipe_names == ["tok2vec", "ner"]
+
+
+@pytest.mark.gpu
+def test_a_gpu_resume_loads_the_weights_through_the_configs_allocator(setup):
+    """On a GPU, the weights a resume loads are allocated by torch (gpu_allocator =
+    "pytorch"), not left in cupy's own memory pool beside torch's."""
+    cupy = pytest.importorskip("cupy", reason="GPU training needs spacy-lean[cuda12x]")
+    import torch
+    from thinc.api import require_cpu, require_gpu
+
+    from spacy_lean.cli.train import _pipeline_to_resume
+
+    config = spacy.util.load_config(
+        setup / "config.cfg", overrides={"system.gpu_allocator": "pytorch"}, interpolate=False
+    )
+    pool = cupy.get_default_memory_pool()
+    require_gpu(0)
+    try:
+        pool.free_all_blocks()
+        in_pool, in_torch = pool.used_bytes(), torch.cuda.memory_allocated()
+        nlp = _pipeline_to_resume(config, 0)
+        nlp.from_disk(setup / "run" / "model-last", exclude=["config"])
+        weights = sum(e.get_value().numel() * 4 for e in collect_params(nlp))
+        assert pool.used_bytes() == in_pool
+        assert torch.cuda.memory_allocated() - in_torch >= weights
+    finally:
+        cupy.cuda.set_allocator(pool.malloc)
+        require_cpu()

@@ -122,6 +122,21 @@ def _saved_model_error(saved_model: Path, config_path: Path, err: Exception) -> 
     return f"{differs} {fix}."
 
 
+def _pipeline_to_resume(config, gpu_id: int) -> Language:
+    """The config's pipeline, for a resume to load the saved weights into. On a GPU the
+    config's [training] gpu_allocator is set first, as `init_nlp` sets it before a new
+    run builds its pipeline: the weights are then allocated by it. (Set later, in the
+    loop, the weights and what loading them left cached stayed in cupy's own pool,
+    apart from torch's, for the whole run.)"""
+    if gpu_id >= 0:
+        allocator = config.interpolate().get("training", {}).get("gpu_allocator")
+        if allocator:
+            from thinc.api import set_gpu_allocator
+
+            set_gpu_allocator(allocator)
+    return util.load_model_from_config(config, auto_fill=True)
+
+
 def _name_rank_in_warnings(rank: int, world_size: int) -> None:
     """Warnings go to stderr on every rank (each rank meets its own data and its own
     out-of-memory splits): a rank other than 0 names itself in front of each, so that
@@ -399,7 +414,7 @@ def train(
         msg.divider("Loading the saved pipeline")
         with show_validation_error(config_path, hint_fill=False):
             with _our_setting_errors(msg, config_path, dctx):
-                nlp = util.load_model_from_config(config, auto_fill=True)
+                nlp = _pipeline_to_resume(config, dctx.gpu_id)
         try:
             nlp.from_disk(saved_model, exclude=["config"])
         except Exception as err:
