@@ -308,9 +308,11 @@ def train_cli(
         msg.info(f"Starting {nproc} processes")
         from ..training.launch import launch_local
 
-        code = launch_local(
-            argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text), warn=msg.warn
-        )
+        with contextlib.ExitStack() as stack:
+            _lock_output(stack, output_path)  # for its ranks, which run while it does
+            code = launch_local(
+                argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text), warn=msg.warn
+            )
         if code:
             sys.exit(code)
         return
@@ -348,6 +350,20 @@ def update_policy(nlp: Language, max_padded_tokens: Optional[int] = None) -> "Up
     return policy
 
 
+def _lock_output(stack: contextlib.ExitStack, output_path: Optional[Path]) -> None:
+    """Hold the lock on the run's --output (created if missing) until `stack` closes;
+    fail with its message where another run holds it (see `training.output_lock`)."""
+    from ..training.output_lock import OutputInUseError, output_lock
+
+    existed = output_path is None or Path(output_path).exists()
+    try:
+        stack.enter_context(output_lock(output_path))
+    except OutputInUseError as err:
+        Printer().fail(str(err), exits=1)
+    if not existed:
+        Printer().good(f"Created output directory: {output_path}")
+
+
 def train(
     config_path: Path,
     output_path: Optional[Path] = None,
@@ -360,6 +376,8 @@ def train(
     dist_backend: str = "auto",
 ) -> None:
     """Run this process's rank of a training run (the rank comes from RANK/WORLD_SIZE).
+    Rank 0 holds the lock on output_path while it runs (the launcher of `--nproc N`
+    holds it for its ranks): a second run given the same folder is refused.
 
     config_path (Path): the training config.
     output_path (Optional[Path]): where rank 0 writes.
@@ -370,6 +388,36 @@ def train(
     max_padded_tokens (Optional[int]): see `spacy_lean.training.update.UpdatePolicy`.
     dist_backend (str): "auto", "nccl" or "gloo" (see `context_from_env`).
     """
+    from ..training.launch import launched_by_us
+
+    writes = os.environ.get("RANK", "0").strip() == "0" and not launched_by_us()
+    with contextlib.ExitStack() as stack:
+        if writes:
+            _lock_output(stack, output_path)
+        _train_rank(
+            config_path,
+            output_path,
+            gpu_ids=gpu_ids,
+            overrides=overrides,
+            resume=resume,
+            timeout=timeout,
+            max_padded_tokens=max_padded_tokens,
+            dist_backend=dist_backend,
+        )
+
+
+def _train_rank(
+    config_path: Path,
+    output_path: Optional[Path],
+    *,
+    gpu_ids: List[int],
+    overrides: Dict,
+    resume: bool,
+    timeout: float,
+    max_padded_tokens: Optional[int],
+    dist_backend: str,
+) -> None:
+    """`train` in this process, the output folder locked where this rank writes."""
     from spacy.training.initialize import init_nlp
 
     from ..corpus.docbin import CorruptShardError
