@@ -470,8 +470,9 @@ class StreamingEvaluator:
             return sum(1 for _ in itertools.islice(stream, skip))
         zones.open()
         skipped = 0
-        for _ in itertools.islice(stream, skip):
+        for eg in itertools.islice(stream, skip):
             skipped += 1
+            zones.note((eg,))
             if skipped % self.window_size == 0 and not zones.source.holds_docs():
                 zones.close()
                 zones.open()
@@ -543,6 +544,8 @@ class StreamingEvaluator:
             for i, eg in zip(indices, self._pipe_batch([window[i] for i in indices])):
                 scored[i] = eg
         self.state.update(scored[:n])
+        if self.zones is not None:  # their analyses' strings outlive the zone
+            self.zones.note(scored[:n])
         trailing = next((k for k, length in enumerate(reversed(lengths)) if length), n)
         run = trailing + (self._empty_run if trailing == n else 0)
         self._empty_run = min(run, size)

@@ -33,12 +33,24 @@ they go with its zone too. Where a table is read whole in a zone (compact chunks
 `spacy-lean.Corpus.v1`), its strings are kept (`add_file_strings`). The score states
 hold counts keyed by Python strings, never docs or hashes, so the scores are those of
 an evaluation without zones.
+
+spaCy's morphology table has no zones: an analysis added in a zone stays in it, keyed
+by the hash of its string, and `Morphology.add` adds its strings as permanent, unless
+one of them was already in the vocab as a transient string (a .spacy doc's own string,
+a word of the zone), which spaCy keeps as it is. The zone then takes the string and
+leaves the analysis, and a later `token.morph` of it (`str`, `to_dict`, `get`: a
+lemmatizer's rules, a component setting analyses by string, the per-feature scorer)
+raised E018. The zones note the analyses of the docs they score and skip (`note`) and
+add their strings again once each zone has ended, as spaCy meant them: permanent, as
+the table is (a bounded set: the tagset's analyses).
 """
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import numpy
+from spacy.attrs import MORPH
 from spacy.language import Language
+from spacy.morphology import Morphology
 from spacy.strings import get_string_id
 from spacy.tokens import Doc
 from spacy.training import Example
@@ -153,6 +165,10 @@ class MemoryZones:
         self.n_zones = 0  # zones entered
         self.n_kept = 0  # window ends where the zone went on (the stream held docs)
         self._zone: Any = None
+        # Morphological analyses (keys) met in the open zone, and those whose strings
+        # are permanent already (see the module's docs).
+        self._morphs: Set[int] = set()
+        self._kept_morphs: Set[int] = {0}
 
     @classmethod
     def for_stream(cls, nlp: Language, examples: Any, state: Any) -> Optional["MemoryZones"]:
@@ -183,13 +199,49 @@ class MemoryZones:
         _MAYBE_TRANSIENT[id(self.nlp.vocab)] = []
         self.n_zones += 1
 
+    def note(self, examples: Iterable[Optional[Example]]) -> None:
+        """Note the morphological analyses of these examples' docs (read or scored in
+        the open zone), whose strings `close` keeps."""
+        if self._zone is None:
+            return
+        for eg in examples:
+            if eg is None:
+                continue
+            for doc in (eg.predicted, eg.reference):
+                if doc.has_annotation("MORPH"):
+                    self._morphs.update(numpy.unique(doc.to_array(MORPH)).tolist())
+
+    def _morph_strings(self) -> List[str]:
+        """The strings of the analyses noted in the open zone that are not kept yet:
+        each analysis's and those of its features and fields (`Morphology.add`'s)."""
+        new = self._morphs - self._kept_morphs
+        self._morphs = set()
+        strings: List[str] = []
+        morphology = self.nlp.vocab.morphology
+        for key in new:
+            try:
+                feats = morphology.get(key)
+            except KeyError:  # its string went with an earlier zone (not noted there)
+                continue
+            if not feats:
+                continue
+            strings.append(feats)
+            for field, values in Morphology.feats_to_dict(feats).items():
+                strings.append(field)
+                sep = Morphology.FIELD_SEP
+                strings.extend(f"{field}{sep}{v}" for v in values.split(Morphology.VALUE_SEP))
+        self._kept_morphs.update(new)
+        return strings
+
     def close(self) -> None:
         """End the current zone, if one is open; the strings of the file tables read in
-        it that it may have removed are added again (`add_file_strings`)."""
+        it that it may have removed are added again (`add_file_strings`), and those of
+        the morphological analyses noted in it (`note`)."""
         zone, self._zone = self._zone, None
         if zone is None:
             return
         kept = _MAYBE_TRANSIENT.pop(id(self.nlp.vocab), [])
+        kept += self._morph_strings()
         zone.__exit__(None, None, None)
         _ENDED[id(self.nlp.vocab)] = _ENDED.get(id(self.nlp.vocab), 0) + 1
         store = self.nlp.vocab.strings

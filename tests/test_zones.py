@@ -520,3 +520,111 @@ def test_a_spacy_file_s_strings_go_with_the_zones(trained_ner, tmp_path):
     expected = nlp.evaluate(list(read_examples(nlp, [path])), batch_size=4)
     assert_scores_equal(without_speed(expected), without_speed(zoned))
     assert_scores_equal(without_speed(expected), without_speed(unzoned))
+
+
+# A morphology dictionary: the analyses a component sets by string.
+FEATS = {
+    "owls": "Animacy=Anim|Number=Plur",
+    "hens": "Animacy=Anim|Number=Plur",
+    "slept": "Tense=Past|VerbForm=Fin",
+    "sleeps": "Number=Sing|Person=3|Tense=Pres",
+    "this": "Number=Sing|PronType=Dem",
+    "tall": "Degree=Pos",
+}
+
+
+@spacy.Language.component("test_zones_feats_lookup")
+def feats_lookup(doc):
+    """Sets the dictionary's analyses by string and reads each back, as a rule
+    lemmatizer or a tagger wrapper does."""
+    for token in doc:
+        feats = FEATS.get(token.text)
+        if feats:
+            token.set_morph(feats)
+            assert str(token.morph) == feats
+            token.morph.get("Number")
+    return doc
+
+
+@spacy.Language.component("test_zones_feats_setter")
+def feats_setter(doc):
+    """Sets the dictionary's analyses by string and reads none."""
+    for token in doc:
+        if token.text in FEATS:
+            token.set_morph(FEATS[token.text])
+    return doc
+
+
+def feats_docs(nlp, n, seed):
+    """Gold docs whose analyses first come on other words (docs 3-5), then on the
+    dictionary's words (from doc 6 on, half of them with a gold analysis of their
+    own, docs 6 and 7 among those), after a first window with none of them."""
+    from spacy.tokens import Doc
+
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        if i < 3:
+            words, morphs = ["a", "wren", "sang"], ["Definite=Ind", "Number=Sing", "Tense=Past"]
+        elif i < 6:
+            words = ["few", "moles", "dug", "deep"]
+            morphs = ["Degree=Pos", "Animacy=Anim|Number=Plur", "Tense=Past|VerbForm=Fin", ""]
+        else:
+            words = ["this", rng.choice(["owls", "hens"]), rng.choice(["slept", "sleeps"]), "tall"]
+            morphs = [FEATS[w] for w in words]
+            if rng.random() < 0.5 or i in (6, 7):  # gold without the analysis
+                morphs[1] = "Number=Plur"
+        docs.append(Doc(nlp.vocab, words=words, morphs=morphs))
+    return docs
+
+
+def feats_pipeline():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("test_zones_feats_lookup")
+    nlp.add_pipe("attribute_ruler")  # scores pos, morph and lemma
+    return nlp
+
+
+def write_feats_dev(tmp_path):
+    path = tmp_path / "dev.spacy"
+    DocBin(docs=feats_docs(spacy.blank("en"), 30, seed=5)).to_disk(path)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_analyses_first_met_in_an_earlier_zone_keep_their_strings(tmp_path):
+    """A gold analysis of an earlier zone (its string a .spacy doc's own, transient in
+    that zone) stays in spaCy's morphology table, which has no zones, while the zone
+    took its string: a component setting it by string in a later zone, then reading
+    `token.morph`, raised E018 (so did spaCy's rule lemmatizer). Now the zones keep
+    the strings of the analyses they met: the scores are `nlp.evaluate`'s."""
+    path = write_feats_dev(tmp_path)
+    nlp = feats_pipeline()
+    expected = without_speed(nlp.evaluate(list(read_examples(nlp, [path])), batch_size=1))
+    assert 0 < expected["morph_acc"] < 1
+    nlp = feats_pipeline()
+    evaluator = evaluator_for(nlp, batch_size=1, window_size=1)
+    got = evaluator.run(read_examples(nlp, [path])).result()
+    assert evaluator.zones is not None and evaluator.zones.n_zones > 20
+    assert_scores_equal(without_speed(got), expected)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_resume_keeps_the_strings_of_the_analyses_it_skips(tmp_path):
+    """The examples a resume skips are read in zones too: the per-feature scorer met
+    their analyses later, set by a component that reads none, without their strings
+    (E018). Now: `nlp.evaluate` of the rest."""
+    path = write_feats_dev(tmp_path)
+
+    def setter_pipeline():
+        nlp = spacy.blank("en")
+        nlp.add_pipe("test_zones_feats_setter")
+        nlp.add_pipe("attribute_ruler")
+        return nlp
+
+    nlp = setter_pipeline()
+    expected = without_speed(nlp.evaluate(list(read_examples(nlp, [path]))[6:], batch_size=1))
+    nlp = setter_pipeline()  # a vocab without the file's strings
+    evaluator = evaluator_for(nlp, batch_size=1, window_size=1)
+    got = evaluator.run(read_examples(nlp, [path]), skip=6).result()
+    assert_scores_equal(without_speed(got), expected)
