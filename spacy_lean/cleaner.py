@@ -12,7 +12,9 @@ of silently breaking them when it is placed before one of them and nothing sets 
 data again in between (a second transformer before its own listeners does).
 """
 
+import sys
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -52,6 +54,10 @@ trim_memory_every = 32
 DEFAULT_CLEANER_CONFIG = Config().from_str(DEFAULT_CLEANER_CONFIG_STR)["lean_cleaner"]
 
 COMPACT_DTYPES = ("float16", "float32")
+# The code of the `Language` methods that run components, looked for on the call stack
+# (`LeanCleaner._follow_running_pipeline`), and how far up.
+_LANGUAGE_CODES = frozenset({Language.__call__.__code__, Language.pipe.__code__})
+_MAX_FRAMES = 64
 _CFG_KEYS = tuple(DEFAULT_CLEANER_CONFIG.keys())
 
 
@@ -142,6 +148,7 @@ class LeanCleaner:
         Other arguments: see `make_lean_cleaner`.
         """
         self.name = name
+        self._nlp_ref: Optional["weakref.ReferenceType[Language]"] = None
         self._nlp = nlp
         self.cfg: Dict[str, Any] = self._validate_cfg(
             {
@@ -261,6 +268,51 @@ class LeanCleaner:
         }
 
     # -- placement -----------------------------------------------------------
+
+    # The pipeline is held by a weak reference: a cleaner sourced from another
+    # pipeline (`source = ...` in a config, `add_pipe(source=...)`) is the source's
+    # own object, and a strong one kept that whole pipeline (its transformer too) alive
+    # for as long as the cleaner, e.g. for a whole `spacy train`.
+
+    @property
+    def _nlp(self) -> Optional[Language]:
+        return self._nlp_ref() if self._nlp_ref is not None else None
+
+    @_nlp.setter
+    def _nlp(self, nlp: Optional[Language]) -> None:
+        self._nlp_ref = weakref.ref(nlp) if nlp is not None else None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_nlp_ref"] = self._nlp  # pickled with its pipeline, as before
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        nlp = state.pop("_nlp_ref", None)
+        self.__dict__.update(state)
+        self._nlp_ref = None
+        self._nlp = nlp
+
+    def _follow_running_pipeline(self) -> None:
+        """Check the placement in the pipeline that runs the cleaner. spaCy tells a
+        component its pipeline only when its factory makes it (and at `initialize`); a
+        sourced cleaner was made for its source pipeline, whose order was checked
+        instead of the running one's (or none, once the source is gone). The running
+        pipeline is the `Language` whose `__call__` or `pipe` is on the call stack and
+        holds this cleaner: a look at a few frames per call of the cleaner."""
+        frame = sys._getframe(2)
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                return
+            if frame.f_code in _LANGUAGE_CODES:
+                nlp = frame.f_locals.get("self")
+                if isinstance(nlp, Language) and nlp is not self._nlp:
+                    if any(proc is self for _, proc in nlp._components):
+                        self._nlp = nlp
+                        self._checked = None
+                        self._initialize_signature = None
+                return
+            frame = frame.f_back
 
     def _pipeline_signature(self) -> Optional[Tuple[Tuple[str, int, Any], ...]]:
         if self._nlp is None:
@@ -451,6 +503,7 @@ class LeanCleaner:
         doc (Doc): the doc.
         RETURNS (Doc): the same doc.
         """
+        self._follow_running_pipeline()
         self.check_placement()
         self._clean(doc)
         return doc
@@ -462,6 +515,7 @@ class LeanCleaner:
         batch_size (int): unused; the cleaner works doc by doc.
         YIELDS (Doc): the docs, in order.
         """
+        self._follow_running_pipeline()
         self.check_placement()
         for doc in stream:
             self._clean(doc)

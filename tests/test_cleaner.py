@@ -1197,3 +1197,76 @@ def test_curated_transformer_output(curated_nlp, texts):
         trf.set_annotations = original
         if "lean_cleaner" in nlp.component_names:
             nlp.remove_pipe("lean_cleaner")
+
+
+def _user_data_cleaner_source(tmp_path):
+    """A saved pipeline: the user-data writer, a sentencizer, then a cleaner of the
+    writer's key that names the sentencizer as a consumer (well placed there)."""
+    source = spacy.blank("en")
+    source.add_pipe("lean_test_user_data_writer")
+    source.add_pipe("sentencizer")
+    config = {"trf_data": False, "tensor": False, "user_data_keys": ["k"]}
+    source.add_pipe("lean_cleaner", config=dict(config, consumers=["sentencizer"]))
+    assert "k" not in source("Ada met Bo").user_data
+    source.to_disk(tmp_path / "source")
+    return tmp_path / "source"
+
+
+def test_a_cleaner_sourced_in_a_config_is_checked_where_it_runs(tmp_path):
+    """A cleaner sourced from another pipeline (`source = ...`, as `spacy train`
+    builds it) is the source's object, made for the source pipeline: its placement
+    was checked in the source's order (the cleaner last: fine), not the running
+    pipeline's (before its consumer), and it kept the whole source pipeline alive.
+    Now it is checked where it runs, and the source is let go of."""
+    path = _user_data_cleaner_source(tmp_path)
+    config = spacy.util.load_config_from_str(
+        f"""
+        [nlp]
+        lang = "en"
+        pipeline = ["lean_test_user_data_writer", "lean_cleaner", "sentencizer"]
+        [components]
+        [components.lean_test_user_data_writer]
+        source = "{path}"
+        [components.lean_cleaner]
+        source = "{path}"
+        [components.sentencizer]
+        source = "{path}"
+        """
+    )
+    sources = []
+    real_load = spacy.util.load_model
+
+    def load_model(*args, **kwargs):
+        nlp = real_load(*args, **kwargs)
+        sources.append(weakref.ref(nlp))
+        return nlp
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spacy.util, "load_model", load_model)
+        nlp = spacy.util.load_model_from_config(config, auto_fill=True)
+    gc.collect()
+    assert sources and all(ref() is None for ref in sources)  # the source pipeline is gone
+    with pytest.raises(ValueError, match="'sentencizer' runs after it and reads doc.user_data"):
+        nlp("Ada met Bo")
+    with pytest.raises(ValueError, match="'sentencizer' runs after it"):
+        list(nlp.pipe(["Ada met Bo"]))
+
+
+def test_a_cleaner_in_two_live_pipelines_is_checked_in_each(tmp_path):
+    """`add_pipe(source=other)` shares the cleaner with a pipeline that is still used:
+    each pipeline's order is the one checked while it runs."""
+    source = spacy.load(_user_data_cleaner_source(tmp_path))
+    nlp = spacy.blank("en")
+    nlp.add_pipe("lean_test_user_data_writer")
+    nlp.add_pipe("lean_cleaner", source=source)
+    nlp.add_pipe("sentencizer")
+    assert nlp.get_pipe("lean_cleaner") is source.get_pipe("lean_cleaner")
+    with pytest.raises(ValueError, match="'sentencizer' runs after it"):
+        nlp("Ada met Bo")
+    assert "k" not in source("Ada met Bo").user_data  # well placed there
+    with pytest.raises(ValueError, match="'sentencizer' runs after it"):
+        list(nlp.pipe(["Ada met Bo"]))
+    assert ["k" in doc.user_data for doc in source.pipe(["Ada met Bo", "Bo met Ada"])] == [
+        False,
+        False,
+    ]
