@@ -116,7 +116,8 @@ t.check_oom_benchmark(json.load(open('$LOGS/oom_gpu.json'))); print('checked')"
       step tests_oom 150 bash "$0" tests 100 tests/test_train_oom.py \
         -k "not test_real_cuda_out_of_memory_is_split"
       step tests_charlm 90 bash "$0" tests 60 tests/test_charlm_parity.py tests/test_charlm_train.py
-      step tests_cleaner_evaluate 90 bash "$0" tests 60 tests/test_cleaner.py tests/test_evaluate.py
+      step tests_cleaner_evaluate 90 bash "$0" tests 60 tests/test_cleaner.py tests/test_evaluate.py \
+        tests/test_torch_step.py
       # A fresh process per mode and size (~15 s each on the H100 with the other lanes
       # running): the three modes that answer the question, not all six.
       step cleaner_memory_gpu 200 bash "$0" bench cleaner_memory.py --gpu --quick \

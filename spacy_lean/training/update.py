@@ -74,6 +74,7 @@ from ..trf_batching import sorted_span_groups
 from ._nodes import enabled_grad_scalers, pipeline_nodes
 from .grad_scaling import check_mixed_precision_device, install_mixed_precision_accumulation
 from .parser_grad import install_exact_parser_gradient
+from .torch_step import install_flat_torch_step
 
 # Components whose update was checked: the gradient is a sum over the batch, the loss
 # value too ("sum") or a mean over its docs ("mean"). A custom component can declare
@@ -831,6 +832,7 @@ def lean_update(
     # Mixed precision: the torch models' gradients of several backward passes (span
     # groups, micro-batches, accumulate_gradient) add up, as without it.
     install_mixed_precision_accumulation(nlp)
+    install_flat_torch_step()  # thinc's optimizer step of torch models grows a chain
     if not policy._devices_checked:
         check_mixed_precision_device(nlp, exclude)
         policy._devices_checked = True
