@@ -86,21 +86,29 @@ class Grammar:
         return words, heads, deps, head
 
     def clause(self, rng, unseen: bool, start: int):
-        words, heads, deps = [], [], []
-        w, h, d, subj = self.noun_phrase(rng, unseen, start)
-        words += w
-        heads += h
-        deps += d
+        words: List[str] = []
+        heads: List[int] = []
+        deps: List[str] = []
+
+        def phrase() -> int:
+            """Add a noun phrase; RETURNS its noun's index in the clause."""
+            w, h, d, noun = self.noun_phrase(rng, unseen, start + len(words))
+            words.extend(w)
+            heads.extend(h)
+            deps.extend(d)
+            return noun - start
+
+        def attach(i: int, head: int, dep: str) -> None:
+            heads[i], deps[i] = head, dep
+
+        subj = phrase()
         verb = start + len(words)
-        heads[subj - start], deps[subj - start] = verb, "nsubj"
+        attach(subj, verb, "nsubj")
         words.append(rng.choice(self.verbs))
         heads.append(-1)
         deps.append("")
-        w, h, d, obj = self.noun_phrase(rng, unseen, start + len(words))
-        words += w
-        heads += h
-        deps += d
-        heads[obj - start], deps[obj - start] = verb, "obj"
+        obj = phrase()
+        attach(obj, verb, "obj")
         if rng.random() < 0.6:
             to_verb = rng.random() < 0.5
             prep = rng.choice(self.verb_preps if to_verb else self.noun_preps)
@@ -108,13 +116,9 @@ class Grammar:
                 to_verb = not to_verb
             p = start + len(words)
             words.append(prep)
-            heads.append(verb if to_verb else obj)
+            heads.append(verb if to_verb else start + obj)
             deps.append("prep")
-            w, h, d, pobj = self.noun_phrase(rng, unseen, start + len(words))
-            words += w
-            heads += h
-            deps += d
-            heads[pobj - start], deps[pobj - start] = p, "pobj"
+            attach(phrase(), p, "pobj")
         return words, heads, deps, verb
 
     def sentence(self, rng, unseen: bool):

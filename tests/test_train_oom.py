@@ -1057,6 +1057,19 @@ def test_a_split_where_another_last_listener_skips_says_so(tiny_transformer):
     assert len(said) == 1 and "Put 'tagger' before" in said[0], said
 
 
+# 4 docs of 6-12 tokens, 4 of 2 tokens.
+SPAN_TEXTS = [
+    "Ada Lovelace met Charles Babbage in London yesterday .",
+    "The old bridge over the river Thames was closed .",
+    "Grace Hopper wrote the first compiler .",
+    "They walked north along the coast for days .",
+    "Hello there",
+    "Thanks !",
+    "See you",
+    "Good night",
+]
+
+
 def _spancat_last_pipeline():
     """tok2vec shared by a tagger and a spancat, the spancat last and suggesting only
     3-grams: a doc of 2 tokens gives it no span, and it skips an update of such docs
@@ -1074,23 +1087,18 @@ def _spancat_last_pipeline():
         "scorer": {"@layers": "spacy.LinearLogistic.v1"},
     }
     nlp.add_pipe("spancat", config={"suggester": suggester, "model": spancat_model})
-    texts = [
-        "Ada Lovelace met Charles Babbage in London yesterday .",
-        "The old bridge over the river Thames was closed .",
-        "Grace Hopper wrote the first compiler .",
-        "They walked north along the coast for days .",
-        "Hello there",
-        "Thanks !",
-        "See you",
-        "Good night",
-    ]
     examples = []
-    for text in texts:
+    for text in SPAN_TEXTS:
         doc = nlp.make_doc(text)
         tags = ["N" if t.is_alpha else "P" for t in doc]
         ref = Example.from_dict(doc, {"tags": tags}).reference
         ref.spans["sc"] = [Span(ref, 0, 3, label="THING")] if len(doc) > 3 else []
         examples.append(Example(nlp.make_doc(text), ref))
+    return _initialized_with_a_step(nlp, examples)
+
+
+def _initialized_with_a_step(nlp, examples):
+    """The pipeline initialized on the examples (seed 0), one optimizer step taken."""
     fix_random_seed(0)
     optimizer = nlp.initialize(lambda: examples)
     nlp.update(examples, sgd=optimizer)
@@ -1557,23 +1565,12 @@ def _span_finder_pipeline():
         "scorer": {"@layers": "spacy.LinearLogistic.v1", "nO": 2},
     }
     nlp.add_pipe("span_finder", config={"spans_key": "sc", "model": model})
-    texts = [
-        "Ada Lovelace met Charles Babbage in London yesterday .",
-        "The old bridge over the river Thames was closed .",
-        "Grace Hopper wrote the first compiler .",
-        "They walked north along the coast for days .",
-        "Hello there",
-        "Thanks !",
-    ]
     examples = []
-    for text in texts:
+    for text in SPAN_TEXTS[:6]:
         ref = nlp.make_doc(text)
         ref.spans["sc"] = [Span(ref, 0, 2, label="THING")] if len(ref) > 3 else []
         examples.append(Example(nlp.make_doc(text), ref))
-    fix_random_seed(0)
-    optimizer = nlp.initialize(lambda: examples)
-    nlp.update(examples, sgd=optimizer)
-    return nlp, examples
+    return _initialized_with_a_step(nlp, examples)
 
 
 def test_a_span_finder_split_is_the_whole_batch_update_without_a_warning():
