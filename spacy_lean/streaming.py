@@ -841,6 +841,13 @@ def make_streaming_evaluate_v1(
         raise ValueError(f"{CALLBACK_NAME}: {err}") from None
 
     def after_pipeline_creation(nlp: Language) -> Language:
+        # `spacy train` of a lean config: its torch models' optimizer step without
+        # thinc's chain that grows each step (`training.torch_step`).
+        from .training._nodes import pipeline_nodes
+        from .training.torch_step import install_flat_torch_step
+
+        if any(node.shims for node in pipeline_nodes(nlp)):
+            install_flat_torch_step()
         return install_streaming_evaluate(
             nlp,
             window_size=window_size,

@@ -125,3 +125,21 @@ def test_on_the_gpu_the_steps_leave_no_tensors_behind_and_give_thinc_s_weights(t
             )
     finally:
         require_cpu()
+
+
+def test_the_streaming_callback_of_a_lean_config_installs_it(trf_ner_config, tiny_ner_config):
+    """`spacy train` of a lean config (the streaming evaluation callback, no lean_update)
+    gets the step too, where the pipeline has a torch model; a tok2vec one has none."""
+    callback = {"@callbacks": "spacy-lean.streaming_evaluate.v1"}
+    restore_thinc_torch_step()
+    try:
+        config = tiny_ner_config()
+        config["nlp"]["after_pipeline_creation"] = callback
+        spacy.util.load_model_from_config(config, auto_fill=True)
+        assert PyTorchShim.finish_update is not _flat_finish_update
+        config = spacy.util.load_config_from_str(trf_ner_config)
+        config["nlp"]["after_pipeline_creation"] = callback
+        spacy.util.load_model_from_config(config, auto_fill=True)
+        assert PyTorchShim.finish_update is _flat_finish_update
+    finally:
+        install_flat_torch_step()

@@ -7,19 +7,20 @@ dlpack), which the optimizer updates in place, and then sets the parameter's dat
 a new tensor made from that array (`xp2torch`). The new tensor holds the array, the
 array holds the tensor it viewed, which held the previous step's array: each step
 adds one tensor and one array per parameter to a chain that is never freed (the
-memory they view is the parameter's own, so it is the objects that pile up: about
-460 bytes per parameter per step on the CPU; a BERT-base has 199 parameters, so
-+90 KB a step, +1.8 GB over 20,000 steps; measured below). Stock `spacy train` has it
-as well.
+memory they view is the parameter's own, so it is the objects that pile up: 457 bytes
+of heap per parameter per step on the CPU, and RSS ten times as fast; a BERT-base has
+199 parameters: +1.7 GB of heap over 20,000 steps; `benchmarks/torch_step_memory.py`).
+Stock `spacy train` has it as well.
 
 `install_flat_torch_step()` gives `PyTorchShim` a `finish_update` that is thinc's,
 except that it does not set the data again where the optimizer returned the
 parameter's own memory (updated in place: thinc's Adam and SGD, on numpy and cupy); a
 new array (an optimizer of another kind) is still set. The weights are the same, bit
-for bit. It is installed when spacy-lean updates a pipeline (`lean_update`, so
-`spacy lean train` and `spacy train` with the `spacy-lean.lean_training.v1`
-callback), once per process, and only over thinc's own method: where another package
-replaced it, it is left as it is."""
+for bit. It is installed when spacy-lean updates a pipeline (`lean_update`: `spacy
+lean train`, `spacy train` with the `spacy-lean.lean_training.v1` callback) and by the
+`spacy-lean.streaming_evaluate.v1` callback of a pipeline with a torch model (`spacy
+train` of a lean config), once per process, and only over thinc's own method: where
+another package replaced it, it is left as it is."""
 
 from typing import Any
 
