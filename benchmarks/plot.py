@@ -741,6 +741,43 @@ def plot_gradient_noise(data: Dict[str, Any]) -> plt.Figure:
     return fig
 
 
+def plot_torch_step_memory(data: Dict[str, Any]) -> plt.Figure:
+    """Heap in use, RSS and live torch tensors against training steps, thinc's torch
+    optimizer step against spacy-lean's."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for arm in data["arms"]:
+        steps = [p["step"] for p in arm["points"]]
+        for ax, key in zip(axes, ("heap_mb", "rss_mb", "tensors")):
+            ax.plot(steps, [p[key] for p in arm["points"]], marker="o", label=arm["arm"])
+    for ax, title in zip(axes, ("Heap in use (MB)", "RSS (MB)", "Live torch tensors")):
+        ax.set_title(title)
+        ax.set_xlabel("training steps")
+        ax.legend()
+    return fig
+
+
+def plot_parser_gradient(data: Dict[str, Any]) -> plt.Figure:
+    """Dev LAS per seed and its mean, with and without exact_parser_gradient, at each
+    step count."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    runs = data["runs"]
+    arms = sorted({r["arm"] for r in runs})
+    steps = sorted({r["steps"] for r in runs})
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        for j, n in enumerate(steps):
+            values = [r["dep_las"] for r in runs if r["arm"] == arm and r["steps"] == n]
+            x = j + (i - (len(arms) - 1) / 2) * width
+            ax.bar(x, statistics.mean(values), width, label=arm if j == 0 else None, alpha=0.6)
+            ax.scatter([x] * len(values), values, color="black", s=10)
+    ax.set_xticks(range(len(steps)), [f"{n} steps" for n in steps])
+    ax.set_ylim(min(r["dep_las"] for r in runs) - 0.02, 1.0)
+    ax.set_ylabel("dev LAS")
+    ax.set_title("exact_parser_gradient: dev LAS per seed (bars: mean)")
+    ax.legend()
+    return fig
+
+
 PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "gradient_noise": plot_gradient_noise,
     "eval_heap_trim": plot_eval_heap_trim,
@@ -756,6 +793,8 @@ PLOTTERS: Dict[str, Callable[[Any], plt.Figure]] = {
     "train_memory": plot_train_memory,
     "spacy_evaluate_memory": plot_spacy_evaluate_memory,
     "train_accuracy": plot_train_accuracy,
+    "torch_step_memory": plot_torch_step_memory,
+    "parser_gradient": plot_parser_gradient,
 }
 
 
