@@ -213,7 +213,8 @@ class MemoryZones:
 
     def _morph_strings(self) -> List[str]:
         """The strings of the analyses noted in the open zone that are not kept yet:
-        each analysis's and those of its features and fields (`Morphology.add`'s)."""
+        each analysis's and those of its fields and features (`Morphology.add`'s),
+        read leniently (a value may hold "=": `set_morph({"Foo": "a=b"})`)."""
         new = self._morphs - self._kept_morphs
         self._morphs = set()
         strings: List[str] = []
@@ -226,10 +227,14 @@ class MemoryZones:
             if not feats:
                 continue
             strings.append(feats)
-            for field, values in Morphology.feats_to_dict(feats).items():
+            for feat in feats.split(Morphology.FEATURE_SEP):
+                field, sep, values = feat.partition(Morphology.FIELD_SEP)
+                if not sep:
+                    continue
                 strings.append(field)
-                sep = Morphology.FIELD_SEP
-                strings.extend(f"{field}{sep}{v}" for v in values.split(Morphology.VALUE_SEP))
+                strings.extend(
+                    f"{field}{sep}{value}" for value in values.split(Morphology.VALUE_SEP)
+                )
         self._kept_morphs.update(new)
         return strings
 
@@ -241,8 +246,10 @@ class MemoryZones:
         if zone is None:
             return
         kept = _MAYBE_TRANSIENT.pop(id(self.nlp.vocab), [])
-        kept += self._morph_strings()
-        zone.__exit__(None, None, None)
+        try:
+            kept += self._morph_strings()
+        finally:  # the zone ends whatever happened
+            zone.__exit__(None, None, None)
         _ENDED[id(self.nlp.vocab)] = _ENDED.get(id(self.nlp.vocab), 0) + 1
         store = self.nlp.vocab.strings
         for string in kept:

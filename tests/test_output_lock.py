@@ -141,3 +141,62 @@ def test_a_file_system_without_locks_warns_and_goes_on(tmp_path, monkeypatch):
         with output_lock(tmp_path / "out"):
             ran = True
     assert ran
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import sys
+    from spacy_lean.training.launch import launch_local
+    from spacy_lean.training.output_lock import output_lock
+    with output_lock(sys.argv[1]) as fd:
+        print("held", flush=True)
+        rank = [sys.executable, "-c", f"import time; time.sleep({sys.argv[2]})"]
+        launch_local(rank, 1, pass_fds=(fd,))
+    """
+)
+
+
+def test_the_ranks_hold_the_lock_after_their_launcher_is_killed(tmp_path):
+    """A launcher killed by SIGKILL leaves its ranks running (they save a checkpoint when
+    they notice); the lock file, open in them too, stays locked until they end."""
+    out = tmp_path / "out"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(out), "8"], stdout=subprocess.PIPE, text=True
+    )
+    assert launcher.stdout.readline().strip() == "held"
+    time.sleep(1.5)  # the rank started
+    launcher.kill()
+    launcher.wait()
+    with pytest.raises(OutputInUseError):
+        with output_lock(out):
+            pass
+    deadline = time.monotonic() + 30
+    while True:  # the rank ends after its sleep: the lock is let go of
+        try:
+            with output_lock(out):
+                break
+        except OutputInUseError:
+            assert time.monotonic() < deadline, "still locked after the rank ended"
+            time.sleep(0.5)
+
+
+def test_a_lock_file_this_user_cannot_write_still_locks(tmp_path, monkeypatch):
+    """Another user's run left the lock file (0644): it is opened for reading, which
+    locks as well (a PermissionError stopped the run before)."""
+    out = tmp_path / "out"
+    with output_lock(out):
+        pass
+    real_open = os.open
+
+    def open_read_only(path, flags, *args):
+        if str(path).endswith(LOCK_FILE) and flags & os.O_RDWR:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(lock_module.os, "open", open_read_only)
+    with output_lock(out) as fd:
+        assert fd is not None
+        monkeypatch.setattr(lock_module.os, "open", real_open)
+        with pytest.raises(OutputInUseError):
+            with output_lock(out):
+                pass

@@ -628,3 +628,39 @@ def test_a_resume_keeps_the_strings_of_the_analyses_it_skips(tmp_path):
     evaluator = evaluator_for(nlp, batch_size=1, window_size=1)
     got = evaluator.run(read_examples(nlp, [path]), skip=6).result()
     assert_scores_equal(without_speed(got), expected)
+
+
+class _HoldsNothing:
+    def holds_docs(self):
+        return False
+
+
+@pytest.mark.parametrize("feats", [{"Foo": "a=b"}, {"Foo": "a|b"}, {"Note": "x,y"}])
+def test_a_zone_ends_after_analyses_of_any_value(feats):
+    """An analysis whose value holds "=" or "|" (legal, set by dict) made the zone's
+    end raise while reading its features, and left the zone open for good (every
+    later string transient, no later zone). Read leniently now; the analysis is kept."""
+    nlp = spacy.blank("en")
+    zones = MemoryZones(nlp, _HoldsNothing())
+    zones.open()
+    doc = nlp.make_doc("hello world")
+    doc[0].set_morph(feats)
+    analysis = str(doc[0].morph)
+    zones.note([Example(doc, doc.copy())])
+    zones.close()
+    assert not nlp.vocab.in_memory_zone
+    assert analysis in nlp.vocab.strings
+
+
+def test_a_zone_ends_even_where_keeping_its_analyses_fails(monkeypatch):
+    nlp = spacy.blank("en")
+    zones = MemoryZones(nlp, _HoldsNothing())
+    zones.open()
+
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(zones, "_morph_strings", broken)
+    with pytest.raises(RuntimeError):
+        zones.close()
+    assert not nlp.vocab.in_memory_zone

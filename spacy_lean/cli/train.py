@@ -309,9 +309,16 @@ def train_cli(
         from ..training.launch import launch_local
 
         with contextlib.ExitStack() as stack:
-            _lock_output(stack, output_path)  # for its ranks, which run while it does
+            # Held for its ranks: they keep the lock file open, so the lock lasts as long
+            # as any of them runs, also after a launcher killed (SIGKILL) before them.
+            fd = _lock_output(stack, output_path)
             code = launch_local(
-                argv, nproc, gpu_ids=ids, log=lambda text: msg.fail(text), warn=msg.warn
+                argv,
+                nproc,
+                gpu_ids=ids,
+                log=lambda text: msg.fail(text),
+                warn=msg.warn,
+                pass_fds=() if fd is None else (fd,),
             )
         if code:
             sys.exit(code)
@@ -350,18 +357,20 @@ def update_policy(nlp: Language, max_padded_tokens: Optional[int] = None) -> "Up
     return policy
 
 
-def _lock_output(stack: contextlib.ExitStack, output_path: Optional[Path]) -> None:
+def _lock_output(stack: contextlib.ExitStack, output_path: Optional[Path]) -> Optional[int]:
     """Hold the lock on the run's --output (created if missing) until `stack` closes;
-    fail with its message where another run holds it (see `training.output_lock`)."""
+    fail with its message where another run holds it (see `training.output_lock`).
+    RETURNS (Optional[int]): the lock file's descriptor, for the ranks to keep open."""
     from ..training.output_lock import OutputInUseError, output_lock
 
     existed = output_path is None or Path(output_path).exists()
     try:
-        stack.enter_context(output_lock(output_path))
+        fd = stack.enter_context(output_lock(output_path))
     except OutputInUseError as err:
         Printer().fail(str(err), exits=1)
     if not existed:
         Printer().good(f"Created output directory: {output_path}")
+    return fd
 
 
 def train(
@@ -390,7 +399,11 @@ def train(
     """
     from ..training.launch import launched_by_us
 
-    writes = os.environ.get("RANK", "0").strip() == "0" and not launched_by_us()
+    try:  # a bad RANK is refused by context_from_env, with its message
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        rank = -1
+    writes = rank == 0 and not launched_by_us()
     with contextlib.ExitStack() as stack:
         if writes:
             _lock_output(stack, output_path)

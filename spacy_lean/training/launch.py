@@ -36,6 +36,7 @@ def launch_local(
     env: Optional[Dict[str, str]] = None,
     log=None,
     warn=None,
+    pass_fds: Sequence[int] = (),
 ) -> int:
     """Start `nproc` ranks of a command on this machine (torchrun's variables set) and
     watch them: when one exits with an error, the others are stopped (SIGTERM, then
@@ -53,6 +54,8 @@ def launch_local(
         rank picks its own from LOCAL_RANK).
     log (Optional[Callable[[str], None]]): says why the run failed.
     warn (Optional[Callable[[str], None]]): says that the run is stopping, and stopped.
+    pass_fds (Sequence[int]): file descriptors the ranks keep open (the output folder's
+        lock: held while any rank runs, also after the launcher died).
     RETURNS (int): 0 when every rank succeeded, STOPPED_EXIT_CODE when the ranks
         stopped on request, else the code of the rank that failed first (128 + S for
         a rank killed by signal S).
@@ -92,7 +95,7 @@ def launch_local(
     with StopRequest(on_signal=pass_on) as stop:
         for rank in range(nproc):
             child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            procs.append(subprocess.Popen(list(argv), env=child_env))
+            procs.append(subprocess.Popen(list(argv), env=child_env, pass_fds=tuple(pass_fds)))
             threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
         try:
             while True:

@@ -19,7 +19,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 try:
     import fcntl
@@ -56,21 +56,48 @@ def _command() -> list:
     return [first.name, *sys.argv[1:]]
 
 
+def _open(path: Path) -> Tuple[Optional[int], bool]:
+    """The lock file opened for writing (created readable and writable for all, less
+    the umask: a folder shared by a group is locked by each of its users), else for
+    reading (a file another user left, which a lock needs no write access to).
+    RETURNS: (the descriptor, whether it is writable); (None, False) where neither
+    opens, with a warning."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666), True
+    except PermissionError:
+        pass
+    try:
+        return os.open(path, os.O_RDONLY), False
+    except OSError as err:
+        warnings.warn(
+            f"Could not open {path} to lock the output folder ({err.strerror}): nothing stops "
+            "a second run from writing to the same --output meanwhile.",
+            stacklevel=4,
+        )
+        return None, False
+
+
 @contextmanager
-def output_lock(output_path: Optional[Path]) -> Iterator[None]:
+def output_lock(output_path: Optional[Path]) -> Iterator[Optional[int]]:
     """Hold the lock on `output_path` (created if missing) for the `with` block.
 
     output_path (Optional[Path]): the run's --output; None: nothing is locked.
+    YIELDS (Optional[int]): the lock file's descriptor (None where nothing is locked):
+        a process started with it open (`subprocess.Popen(pass_fds=...)`) holds the
+        lock as long as it runs, also after this one ended.
     RAISES OutputInUseError: another live process holds it (the message names it, the
         folder and what to do).
     """
     if output_path is None or fcntl is None:
-        yield
+        yield None
         return
     output_path = Path(output_path)
     output_path.mkdir(parents=True, exist_ok=True)
     path = output_path / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, writable = _open(path)
+    if fd is None:
+        yield None
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -82,14 +109,19 @@ def output_lock(output_path: Optional[Path]) -> Iterator[None]:
                 "state, to continue with --resume), or give this run another --output."
             ) from None
         except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            # EBADF: a read-only descriptor, where the file system locks by writing.
+            no_locks = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
+            if err.errno not in no_locks:
                 raise
             warnings.warn(
                 f"Could not lock {path} ({err.strerror}): the file system has no locks, so "
                 "nothing stops a second run from writing to the same --output meanwhile.",
                 stacklevel=3,
             )
-            yield
+            yield None
+            return
+        if not writable:  # locked; its details are another user's file's
+            yield fd
             return
         details = {
             "pid": os.getpid(),
@@ -102,6 +134,6 @@ def output_lock(output_path: Optional[Path]) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(details).encode("utf8"))
-        yield
+        yield fd
     finally:
         os.close(fd)  # lets go of the lock
