@@ -307,7 +307,7 @@ class LeanCleaner:
             if frame.f_code in _LANGUAGE_CODES:
                 nlp = frame.f_locals.get("self")
                 if isinstance(nlp, Language) and nlp is not self._nlp:
-                    if any(proc is self for _, proc in nlp._components):
+                    if any(proc is self for _, proc in nlp.components):
                         self._nlp = nlp
                         self._checked = None
                         self._initialize_signature = None
