@@ -125,6 +125,22 @@ def test_sigterm_stops_after_the_step_saved_and_resume_is_bitwise_identical(
     assert resumed.losses == full.losses
 
 
+def test_ctrl_c_stops_after_the_step_saved(text_file, tmp_path, monkeypatch, capfd):
+    """Ctrl-C (SIGINT) during step 37 stops as SIGTERM does: after step 37, saved, with
+    `stopped_by` set and Python's own Ctrl-C handler back afterwards (before, the
+    KeyboardInterrupt ended the run with the steps since the last checkpoint lost)."""
+    kwargs = dict(optimizer="adam", lr=0.01, max_epochs=2, log_every=10, checkpoint_every=25)
+    kwargs.update(TINY)
+    handler = signal.getsignal(signal.SIGINT)
+    sigterm_on_call(monkeypatch, torch.optim.Adam, "step", 37, signum=signal.SIGINT)
+    part = train_charlm([text_file], tmp_path / "part", max_steps=60, **kwargs)
+    monkeypatch.undo()
+    assert part.step == 37 and part.stopped_by == signal.SIGINT
+    assert torch.load(tmp_path / "part" / STATE_FILE, weights_only=True)["step"] == 37
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert "Received SIGINT: training stops after this step" in capfd.readouterr().err
+
+
 def test_resume_from_a_periodic_checkpoint(text_file, tmp_path):
     """A run killed after its last periodic checkpoint resumes from that checkpoint
     and ends where an uninterrupted run does."""

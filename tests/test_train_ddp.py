@@ -84,11 +84,13 @@ def die_at():
         rank, step = os.environ.get("DDP_TEST_DIE_RANK"), os.environ.get("DDP_TEST_DIE_STEP")
         if rank is not None and os.environ.get("RANK", "0") == rank and info["step"] == int(step):
             os._exit(3)
-        # SIGTERM at one step, from rank 0, to itself or to its parent (the launcher).
+        # SIGTERM (or DDP_TEST_TERM_SIGNAL) at one step, from rank 0, to itself or to
+        # its parent (the launcher).
         term = os.environ.get("DDP_TEST_TERM_STEP")
         if term is not None and os.environ.get("RANK", "0") == "0" and info["step"] == int(term):
             parent = os.environ.get("DDP_TEST_TERM_TARGET") == "parent"
-            os.kill(os.getppid() if parent else os.getpid(), signal.SIGTERM)
+            signum = getattr(signal, os.environ.get("DDP_TEST_TERM_SIGNAL", "SIGTERM"))
+            os.kill(os.getppid() if parent else os.getpid(), signum)
     return before_update
 """
 
@@ -478,6 +480,30 @@ def test_sigterm_stops_one_process_after_its_step_and_resume_goes_on(setup, one_
     proc = run_train(setup, out, "--resume", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Resuming at step 2, epoch 0" in " ".join(proc.stdout.split())
+    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+
+
+def test_ctrl_c_stops_one_process_after_its_step_and_resume_goes_on(setup, one_rank, tmp_path):
+    """Ctrl-C (SIGINT) at step 1 stops the run as SIGTERM does: it says at once what it
+    will do, finishes step 1, saves its state and exits with 143, and --resume trains on
+    to the uninterrupted run's weights. spaCy's loop (and this one before) died of it
+    where it was, with the state of the last evaluation only (step 0)."""
+    out = tmp_path / "run"
+    args = ("--training.batcher.size", "8")
+    env = {"DDP_TEST_TERM_STEP": "1", "DDP_TEST_TERM_SIGNAL": "SIGINT"}
+    proc = run_train(setup, out, *args, env=env)
+    log = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == STOPPED_EXIT_CODE, log
+    assert (
+        "Received SIGINT: training stops after this step and saves its training state "
+        "(continue with --resume). Press Ctrl-C again to stop at once" in log
+    )
+    assert "Stopped by SIGINT after step 1." in log
+    assert "Traceback" not in log and "Aborted" not in log
+    assert srsly.read_json(out / "training-state" / "state.json")["step"] == 1
+
+    proc = run_train(setup, out, "--resume", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
 
 

@@ -15,7 +15,7 @@ import pytest
 import spacy_lean
 from spacy_lean.training.launch import stop_with_launcher
 from spacy_lean.training.loop import replace_dir
-from spacy_lean.training.stopping import STOPPED_EXIT_CODE, StopRequest
+from spacy_lean.training.stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -90,6 +90,8 @@ def wait_for(paths, timeout=30.0):
 
 
 def start_launcher(tmp_path, grace_s=10.0, save_s=0.0):
+    """The launcher in a session of its own, as a terminal starts a command: a signal
+    to its process group is what Ctrl-C sends."""
     env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S=str(save_s))
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, CHILD, str(grace_s)],
@@ -97,6 +99,7 @@ def start_launcher(tmp_path, grace_s=10.0, save_s=0.0):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
     wait_for([tmp_path / "ready0", tmp_path / "ready1"])
     return proc
@@ -115,6 +118,43 @@ def test_the_launcher_passes_sigterm_on_and_waits_for_its_ranks(tmp_path):
     assert "Every rank has stopped (exit code 143)." in out
     for rank in (0, 1):
         assert (tmp_path / f"saved{rank}").read_text() == str(int(signal.SIGTERM))
+
+
+def test_ctrl_c_stops_the_ranks_after_their_step_as_sigterm_does(tmp_path):
+    """Ctrl-C in the terminal (SIGINT to the launcher's process group): the ranks, each
+    in a session of its own, do not get it; the launcher passes it on as SIGTERM and
+    waits while they save, as for a scheduler's stop. Before, every rank got the SIGINT
+    and died of it wherever it was, and the launcher exited 130 with nothing saved."""
+    proc = start_launcher(tmp_path, save_s=1.0)
+    for rank in (0, 1):
+        assert os.getsid(int((tmp_path / f"ready{rank}").read_text())) != os.getsid(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == STOPPED_EXIT_CODE, out
+    out = " ".join(out.split())
+    assert "Received SIGINT: each rank finishes its step" in out
+    assert "Press Ctrl-C again to stop every rank at once." in out
+    assert "Every rank has stopped (exit code 143)." in out
+    for rank in (0, 1):
+        assert (tmp_path / f"saved{rank}").read_text() == str(int(signal.SIGTERM))
+
+
+def test_a_second_ctrl_c_stops_every_rank_at_once(tmp_path):
+    """Ctrl-C twice: the launcher does not wait for rank 1's save (60 s) nor for the
+    grace of a failure (30 s): it kills the ranks and exits 130."""
+    proc = start_launcher(tmp_path, grace_s=30.0, save_s=60.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_for([tmp_path / "saved0"])  # the first was passed on: rank 0 has saved
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 130, out
+    assert time.monotonic() - started < 10
+    assert "Interrupted again; stopped every rank at once." in " ".join(out.split())
+    assert not (tmp_path / "saved1").exists()
+    pid = int((tmp_path / "ready1").read_text())
+    with pytest.raises(OSError):  # rank 1 is gone (killed, and reaped by the launcher)
+        os.kill(pid, 0)
 
 
 def test_ranks_a_scheduler_stops_are_waited_for_not_killed(tmp_path):
@@ -213,6 +253,26 @@ def test_a_stop_request_records_the_first_signal_and_restores_the_handler():
         assert stop.requested and stop.signum == signal.SIGTERM
     assert calls == [signal.SIGTERM]
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_first_ctrl_c_asks_training_to_stop_and_a_second_raises():
+    """In training, Ctrl-C is a stop request (the step is finished and saved); a SIGTERM
+    after it changes nothing; Ctrl-C again raises KeyboardInterrupt, as Python's own
+    handler does. Outside training (the default signals) Ctrl-C is left alone."""
+    previous = signal.getsignal(signal.SIGINT)
+    calls = []
+    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=calls.append) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert stop.requested and stop.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert calls == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is previous
+    with StopRequest():
+        assert signal.getsignal(signal.SIGINT) is previous
 
 
 def test_replace_dir_keeps_the_previous_folder_when_writing_fails(tmp_path):

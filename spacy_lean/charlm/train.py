@@ -32,7 +32,7 @@ import numpy
 import torch
 from torch.nn import functional as F
 
-from ..training.stopping import StopRequest
+from ..training.stopping import TRAINING_STOP_SIGNALS, StopRequest, say_stopping
 from . import safe_torch
 from .loader import CharLMLoader, EncodedText, build_dictionary, encode_texts, expand_paths
 from .model import CharDictionary, CharLM
@@ -572,11 +572,12 @@ class _Trainer:
         def done() -> bool:
             return max_steps is not None and self.step >= max_steps
 
-        # SIGTERM (a scheduler's stop): stop after the step, saved. Workers agree on the
-        # step through the loss report's all-reduce (every log_every steps); one worker
-        # stops at the step it sees the signal.
+        # SIGTERM (a scheduler's stop) or Ctrl-C: stop after the step, saved. Workers
+        # agree on the step through the loss report's all-reduce (every log_every
+        # steps); one worker stops at the step it sees the signal.
         stopped = False
-        with StopRequest() as stop:
+        on_signal = say_stopping(self.output_dir) if self.dist.is_main else None
+        with StopRequest(TRAINING_STOP_SIGNALS, on_signal=on_signal) as stop:
             try:
                 while loader.epoch < max_epochs and not done() and not stopped:
                     if loader.offset == 0 or self.hidden is None:

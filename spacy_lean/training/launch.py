@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .stopping import STOPPED_EXIT_CODE, StopRequest, signal_name
+from .stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest, signal_name
 
 # Set by `launch_local` in the environment of the processes it starts: that it started
 # them, and its process id.
@@ -42,9 +42,10 @@ def launch_local(
     watch them: when one exits with an error, the others are stopped (SIGTERM, then
     SIGKILL after `grace_s`) and the exit code of the first failure is returned.
 
-    A stop signal (SIGTERM) sent to the launcher is passed on to every rank, which
-    finishes its step, saves the state and exits (`stopping.STOPPED_EXIT_CODE`); the
-    launcher waits for them and returns that code. Ranks that stop so by themselves
+    A stop signal (SIGTERM, or a first Ctrl-C) sent to the launcher is passed on to
+    every rank as SIGTERM; each finishes its step, saves the state and exits
+    (`stopping.STOPPED_EXIT_CODE`); the launcher waits for them and returns that code.
+    A second Ctrl-C kills the ranks at once (130). Ranks that stop so by themselves
     (a scheduler signals every process) are waited for, not taken for failures. The
     ranks stop the same way when the launcher dies (`stop_with_launcher`).
 
@@ -92,20 +93,33 @@ def launch_local(
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    with StopRequest(on_signal=pass_on) as stop:
+    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop:
         for rank in range(nproc):
             child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            procs.append(subprocess.Popen(list(argv), env=child_env, pass_fds=tuple(pass_fds)))
+            # Each rank in a session of its own, as torchrun starts its workers: a Ctrl-C
+            # in the terminal reaches the launcher only, which passes it on as SIGTERM
+            # (each rank finishes its step and saves), instead of reaching the ranks at
+            # once and ending each wherever it is.
+            procs.append(
+                subprocess.Popen(
+                    list(argv), env=child_env, pass_fds=tuple(pass_fds), start_new_session=True
+                )
+            )
             threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
         try:
             while True:
                 if stop.requested and stopping is None:
                     stopping = stop.signum
                     if warn is not None:
+                        again = (
+                            " Press Ctrl-C again to stop every rank at once."
+                            if stopping == signal.SIGINT
+                            else ""
+                        )
                         warn(
                             f"Received {signal_name(stopping)}: each rank finishes its "
                             "step, saves the training state and exits (a rank still starting, "
-                            "before its first step, exits at once: nothing is saved)."
+                            f"before its first step, exits at once: nothing is saved).{again}"
                         )
                     pass_on(stopping)  # again: for a rank started after the signal
                 with exited_lock:
@@ -125,12 +139,14 @@ def launch_local(
                         warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
                     return STOPPED_EXIT_CODE
                 time.sleep(poll_s)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C a second time (the first set stop.requested)
             failure = (-1, 130)
         # Stop the ranks still running: they would wait for the dead one until timeout.
+        # A second Ctrl-C asked not to wait: they are killed (each folder is swapped in
+        # whole, so none is left half-written).
         alive = [p for p in procs if p.poll() is None]
         for p in alive:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGTERM if failure[0] >= 0 else signal.SIGKILL)
         deadline = time.monotonic() + grace_s
         for p in alive:
             try:
@@ -148,7 +164,10 @@ def launch_local(
                 "If it failed while training, the last checkpoint resumes with --resume."
             )
         else:
-            log("Interrupted; stopped every rank.")
+            log(
+                "Interrupted again; stopped every rank at once. The last training state "
+                "saved, if any, continues with --resume."
+            )
     # A rank killed by signal S exits the launcher with 128 + S, as a shell reports it
     # (137: SIGKILL, e.g. the kernel's out-of-memory killer).
     return code if code > 0 else 128 - code

@@ -72,7 +72,8 @@ from .dist import (
     trainable_components,
 )
 from .callbacks import get_update_policy
-from .stopping import StopRequest, TrainingStopped
+from .launch import launched_by_us
+from .stopping import TRAINING_STOP_SIGNALS, StopRequest, TrainingStopped, say_stopping
 from .update import (
     UpdatePolicy,
     lean_update,
@@ -1519,9 +1520,12 @@ def train(
     # nothing): an epoch no rank trains in has no examples (E986).
     steps_this_epoch = ctx.all_reduce_sum([skip_batches + skip_examples])[0]
     finished = False
-    # SIGTERM: stop after the step in which some rank has it (stopping.py).
+    # SIGTERM or Ctrl-C: stop after the step in which some rank has it (stopping.py).
     stopped = False
-    with StopRequest() as stop:
+    # The local launcher says it for its ranks; rank 0 says it for a run of its own, or
+    # under torchrun.
+    on_signal = None if not ctx.is_main or launched_by_us() else say_stopping(output_path)
+    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=on_signal) as stop:
         try:
             while True:
                 batch = next(batch_iter, None)

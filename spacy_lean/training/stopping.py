@@ -8,16 +8,26 @@ agree on the step to stop after (a flag summed in that step's gradient all-reduc
 no collective is added), save the resumable state there, and exit with
 `STOPPED_EXIT_CODE`; `--resume` continues from the next step as if nothing happened.
 
+Ctrl-C (SIGINT) in a terminal stops training the same way: the step is finished and its
+state saved (the terminal sends it to the launcher and to every rank: they stop as one).
+A second Ctrl-C stops at once, as Python does (KeyboardInterrupt), keeping the state of
+the last evaluation. spaCy's loop stops at the first Ctrl-C, with that older state only.
+
 A rank started by the local launcher (launch.py) also stops this way when the launcher
 dies, even of SIGKILL, so no rank is left training on its own.
 """
 
+import os
 import signal
 import threading
-from typing import Any, Callable, Dict, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Set
 
 # Signals that ask a run to stop after its current step.
 STOP_SIGNALS = (signal.SIGTERM,)
+# What stops training after its current step (`spacy lean train`, the launcher of its
+# ranks, `spacy lean train-charlm`): a stop signal, or a first Ctrl-C.
+TRAINING_STOP_SIGNALS = STOP_SIGNALS + (signal.SIGINT,)
 # The exit code of a run stopped by a signal (the shell's 128 + SIGTERM): not 0, so a
 # scheduler or script does not take a stopped run for a finished one.
 STOPPED_EXIT_CODE = 128 + int(signal.SIGTERM)
@@ -40,11 +50,41 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def say_at_once(text: str, fd: int = 2) -> None:
+    """Write `text` on a line of its own to the file descriptor `fd` (stderr), from a
+    signal handler: with os.write, not print (a handler that prints while the code it
+    interrupted prints to the same buffered stream raises "reentrant call")."""
+    try:
+        os.write(fd, ("\n" + text + "\n").encode("utf8", "replace"))
+    except OSError:
+        pass
+
+
+def say_stopping(output_path: Optional[Path]) -> Callable[[int], None]:
+    """A StopRequest's `on_signal` that says at once what the signal will do (the step
+    can take a while, and an evaluation after it longer)."""
+
+    def on_signal(signum: int) -> None:
+        saved = (
+            "saves its training state (continue with --resume)"
+            if output_path is not None
+            else "saves nothing (no --output)"
+        )
+        text = f"Received {signal_name(signum)}: training stops after this step and {saved}."
+        if signum == signal.SIGINT:
+            text += " Press Ctrl-C again to stop at once (the last state saved is kept)."
+        say_at_once(text)
+
+    return on_signal
+
+
 class StopRequest:
     """While installed (a context manager), the stop signals set `signum` instead of
     ending the process; the training loop reads `requested` once per step. A second
-    signal changes nothing: a scheduler and the launcher may both send one. Outside the
-    main thread (where Python cannot handle signals) it installs nothing.
+    signal changes nothing (a scheduler and the launcher may both send one), except a
+    second SIGINT: Ctrl-C pressed again raises KeyboardInterrupt, as Python's own handler
+    does, for a user who will not wait for the step. Outside the main thread (where
+    Python cannot handle signals) it installs nothing.
 
     on_signal (Optional[Callable[[int], None]]): called with the first signal, at once
         (in the handler: the launcher passes the signal on to its ranks with it).
@@ -54,6 +94,7 @@ class StopRequest:
         self.signals = tuple(signals)
         self.on_signal = on_signal
         self.signum: Optional[int] = None
+        self._received: Set[int] = set()
         self._previous: Dict[int, Any] = {}
 
     @property
@@ -61,6 +102,9 @@ class StopRequest:
         return self.signum is not None
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and signum in self._received:
+            raise KeyboardInterrupt
+        self._received.add(signum)
         if self.signum is None:
             self.signum = signum
             if self.on_signal is not None:
