@@ -157,6 +157,92 @@ def test_a_second_ctrl_c_stops_every_rank_at_once(tmp_path):
         os.kill(pid, 0)
 
 
+def proc_state(pid: int) -> str:
+    """The process's state letter (/proc/PID/stat): "T" when stopped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def wait_state(pid: int, states: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while proc_state(pid) not in states and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc_state(pid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
+def test_ctrl_z_pauses_the_ranks_with_the_launcher_and_fg_continues_them(tmp_path):
+    """Ctrl-Z (SIGTSTP to the launcher's group) stops the ranks too, though they run in
+    sessions of their own; the shell's SIGCONT to the launcher continues them; a stop
+    then ends the run as usual."""
+    proc = start_launcher(tmp_path)
+    ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+    os.killpg(proc.pid, signal.SIGTSTP)
+    assert wait_state(proc.pid, "T") == "T"
+    assert [wait_state(pid, "T") for pid in ranks] == ["T", "T"]
+    os.killpg(proc.pid, signal.SIGCONT)  # fg
+    assert all(wait_state(pid, "RS") in "RS" for pid in ranks)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == STOPPED_EXIT_CODE, out
+
+
+# A rank that is still starting (no StopRequest yet): SIGTERM ends it where it is.
+STARTING_CHILD = """
+import os, time
+from pathlib import Path
+(Path(os.environ["STOP_TEST_DIR"]) / f"ready{os.environ['RANK']}").write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_before_any_rank_trains_says_that_nothing_was_saved(tmp_path):
+    """Every rank ends before its training loop: the launcher says nothing was saved
+    and exits 130 for a Ctrl-C, not 143, which scripts read as a resumable stop."""
+    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, STARTING_CHILD, "10"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "Every rank has stopped before training: nothing was saved." in out
+
+
+def test_once_a_stop_is_saved_ctrl_c_does_not_change_the_exit_code():
+    """After the stop is saved the process exits (~2 s of interpreter shutdown with
+    torch and spaCy); a Ctrl-C then made the exit code -2 instead of 143."""
+    code = LIGHT_IMPORT + (
+        "import os, signal, time\n"
+        "from spacy_lean.training.stopping import STOPPED_EXIT_CODE, ignore_ctrl_c\n"
+        "ignore_ctrl_c()\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(0.1)\n"
+        "sys.exit(STOPPED_EXIT_CODE)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == STOPPED_EXIT_CODE, proc.stderr
+
+
+def test_under_torchrun_the_stop_message_offers_no_second_ctrl_c(capfd, monkeypatch, tmp_path):
+    """torchrun's agent turns a second Ctrl-C into SIGTERM for its workers (and kills them
+    30 s after the first): "press Ctrl-C again to stop at once" would not be true there."""
+    from spacy_lean.training.stopping import say_stopping
+
+    say_stopping(tmp_path)(signal.SIGINT)
+    assert "Press Ctrl-C again to stop at once" in capfd.readouterr().err
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    say_stopping(tmp_path)(signal.SIGINT)
+    err = capfd.readouterr().err
+    assert "Received SIGINT: training stops after this step" in err
+    assert "Ctrl-C again" not in err
+
+
 def test_ranks_a_scheduler_stops_are_waited_for_not_killed(tmp_path):
     """A scheduler signals the ranks themselves: rank 0 exits first with 143, which is
     no failure, so rank 1 may go on saving past the failure path's grace (0.5 s)."""
@@ -291,6 +377,8 @@ def test_replace_dir_keeps_the_previous_folder_when_writing_fails(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         replace_dir(path, write("broken"))
     assert (path / "weights").read_text() == "first"
+    # Nothing half-written is left behind (before, model-last.tmp stayed until the next save).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-last"]
     replace_dir(path, write("second"))
     assert (path / "weights").read_text() == "second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model-last"]

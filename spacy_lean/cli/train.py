@@ -439,7 +439,7 @@ def _train_rank(
     from ..training.loop import DIR_STATE, LabelsGrewError, NothingToTrainError, check_steps_left
     from ..training.loop import read_training_state
     from ..training.loop import train as train_nlp
-    from ..training.stopping import STOPPED_EXIT_CODE, TrainingStopped, signal_name
+    from ..training.stopping import STOPPED_EXIT_CODE, TrainingStopped, ignore_ctrl_c, signal_name
 
     if launched_by_us():
         stop_with_launcher()  # a launcher that dies stops its ranks (after a checkpoint)
@@ -518,6 +518,7 @@ def _train_rank(
     ) as err:  # every rank; rank 0 says it
         _fail(msg, str(err), dctx)
     except TrainingStopped as stop:  # every rank, after the same step; rank 0 says it
+        ignore_ctrl_c()  # saved: nothing is left to stop
         if output_path is None:
             saved = "Nothing was saved (no --output)."
         else:

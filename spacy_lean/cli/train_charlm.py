@@ -145,8 +145,9 @@ def train_charlm_cli(
             )
         msg.good(f"Saved the LM to {output_dir / 'lm.pt'}")
     if result.stopped_by is not None:  # every worker, after the same step
-        from ..training.stopping import STOPPED_EXIT_CODE, signal_name
+        from ..training.stopping import STOPPED_EXIT_CODE, ignore_ctrl_c, signal_name
 
+        ignore_ctrl_c()  # saved: nothing is left to stop
         if is_main:
             msg.warn(
                 f"Stopped by {signal_name(result.stopped_by)} after step {result.step}, with "

@@ -2,6 +2,7 @@
 variables set), watches them, stops the others when one fails, passes a stop signal on,
 and makes the ranks stop when it dies. Standard library only: it imports quickly."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest, signal_name
 
@@ -93,20 +94,20 @@ def launch_local(
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop:
-        for rank in range(nproc):
-            child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            # Each rank in a session of its own, as torchrun starts its workers: a Ctrl-C
-            # in the terminal reaches the launcher only, which passes it on as SIGTERM
-            # (each rank finishes its step and saves), instead of reaching the ranks at
-            # once and ending each wherever it is.
-            procs.append(
-                subprocess.Popen(
-                    list(argv), env=child_env, pass_fds=tuple(pass_fds), start_new_session=True
-                )
-            )
-            threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
+    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop, _ranks_pause_with_us(procs):
         try:
+            for rank in range(nproc):
+                child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+                # Each rank in a session of its own, as torchrun starts its workers: a
+                # Ctrl-C in the terminal reaches the launcher only, which passes it on
+                # as SIGTERM (each rank finishes its step and saves), instead of
+                # reaching the ranks at once and ending each wherever it is.
+                procs.append(
+                    subprocess.Popen(
+                        list(argv), env=child_env, pass_fds=tuple(pass_fds), start_new_session=True
+                    )
+                )
+                threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
             while True:
                 if stop.requested and stopping is None:
                     stopping = stop.signum
@@ -132,9 +133,13 @@ def launch_local(
                 if failed:
                     failure = failed[0]
                     break
-                if all(c is not None for c in codes):
+                if len(codes) == nproc and all(c is not None for c in codes):
                     if all(c == 0 for c in codes):
                         return 0
+                    if STOPPED_EXIT_CODE not in codes:  # every rank ended before its loop
+                        if warn is not None:
+                            warn("Every rank has stopped before training: nothing was saved.")
+                        return 128 + int(stopping or signal.SIGTERM)
                     if warn is not None:
                         warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
                     return STOPPED_EXIT_CODE
@@ -143,17 +148,23 @@ def launch_local(
             failure = (-1, 130)
         # Stop the ranks still running: they would wait for the dead one until timeout.
         # A second Ctrl-C asked not to wait: they are killed (each folder is swapped in
-        # whole, so none is left half-written).
+        # whole, so none is left half-written), also when it comes during the wait.
         alive = [p for p in procs if p.poll() is None]
         for p in alive:
             p.send_signal(signal.SIGTERM if failure[0] >= 0 else signal.SIGKILL)
         deadline = time.monotonic() + grace_s
-        for p in alive:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        try:
+            for p in alive:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        except KeyboardInterrupt:
+            for p in alive:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     rank, code = failure
     if log is not None:
         if rank >= 0:
@@ -171,6 +182,32 @@ def launch_local(
     # A rank killed by signal S exits the launcher with 128 + S, as a shell reports it
     # (137: SIGKILL, e.g. the kernel's out-of-memory killer).
     return code if code > 0 else 128 - code
+
+
+@contextlib.contextmanager
+def _ranks_pause_with_us(procs: List[subprocess.Popen]) -> Iterator[None]:
+    """While active (in the main thread), Ctrl-Z pauses the ranks with the launcher, as
+    it did when they shared its process group: SIGTSTP stops each rank (SIGSTOP) and
+    then the launcher; when the shell continues the launcher (`fg`, `bg`), it continues
+    the ranks. (A pause longer than the collectives' `--timeout` fails the run.)"""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTSTP"):
+        yield
+        return
+
+    def pause(signum: int, frame) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns when the launcher is continued
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+
+    previous = signal.signal(signal.SIGTSTP, pause)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, previous)
 
 
 def launched_by_us() -> bool:

@@ -627,7 +627,11 @@ def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # an error, or Ctrl-C: nothing half-written is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = _old_dir(path)
     if path.exists():
         if old.exists():

@@ -9,9 +9,11 @@ no collective is added), save the resumable state there, and exit with
 `STOPPED_EXIT_CODE`; `--resume` continues from the next step as if nothing happened.
 
 Ctrl-C (SIGINT) in a terminal stops training the same way: the step is finished and its
-state saved (the terminal sends it to the launcher and to every rank: they stop as one).
-A second Ctrl-C stops at once, as Python does (KeyboardInterrupt), keeping the state of
-the last evaluation. spaCy's loop stops at the first Ctrl-C, with that older state only.
+state saved (with `--nproc` the ranks run in sessions of their own, so it reaches the
+launcher only, which passes it on as SIGTERM). A second Ctrl-C stops at once, as Python
+does (KeyboardInterrupt), keeping the last state saved; once the stop is saved, Ctrl-C
+is ignored while the process exits. spaCy's loop stops at the first Ctrl-C, with the
+state of the last evaluation only.
 
 A rank started by the local launcher (launch.py) also stops this way when the launcher
 dies, even of SIGKILL, so no rank is left training on its own.
@@ -60,9 +62,23 @@ def say_at_once(text: str, fd: int = 2) -> None:
         pass
 
 
+def under_torchrun() -> bool:
+    """Whether this process is a worker that torchrun started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def ignore_ctrl_c() -> None:
+    """Ignore Ctrl-C from now on (a stop is saved, and the process exits: a Ctrl-C
+    pressed while it shuts down would only turn its exit code into 130)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def say_stopping(output_path: Optional[Path]) -> Callable[[int], None]:
     """A StopRequest's `on_signal` that says at once what the signal will do (the step
-    can take a while, and an evaluation after it longer)."""
+    can take a while, and an evaluation after it longer). Under torchrun, a second
+    Ctrl-C reaches the workers as SIGTERM from its agent, which kills them 30 s after
+    the first: no "again" there."""
 
     def on_signal(signum: int) -> None:
         saved = (
@@ -71,7 +87,7 @@ def say_stopping(output_path: Optional[Path]) -> Callable[[int], None]:
             else "saves nothing (no --output)"
         )
         text = f"Received {signal_name(signum)}: training stops after this step and {saved}."
-        if signum == signal.SIGINT:
+        if signum == signal.SIGINT and not under_torchrun():
             text += " Press Ctrl-C again to stop at once (the last state saved is kept)."
         say_at_once(text)
 
