@@ -18,6 +18,8 @@ On a 2-core machine with one torch thread per process (the default `--threads 1`
     nice -n 10 python benchmarks/train_memory.py --add-factor 64   # then: a 64x corpus, merged in
     nice -n 10 python benchmarks/train_memory.py --speed-arms 3    # then: words/s by piece length
                                                                    # and cut
+    nice -n 10 python benchmarks/train_memory.py --dev-repeats 2   # then: more dev 1x/8x pairs
+    nice -n 10 python benchmarks/train_memory.py --long-arms 1200  # then: trimming over 1,200 steps
     python benchmarks/train_memory.py --gpu-id 0 --threads 4        # on a GPU: also peak GPU memory
 
 With --gpu-id every run trains on that GPU (`--gpu-id` for one process; with --nproc 2,
@@ -60,6 +62,16 @@ def peak_gpu_mb():
     return torch.cuda.max_memory_allocated() / 2 ** 20
 
 
+def rss_mb():
+    """This process's resident memory now, in MB (Linux), or None."""
+    try:
+        import os
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except (OSError, ValueError):
+        return None
+
+
 @registry.loggers("bench.jsonl_logger.v1")
 def make_jsonl_logger(path: str):
     def setup(nlp, stdout, stderr):
@@ -71,7 +83,8 @@ def make_jsonl_logger(path: str):
             scores = {k: v for k, v in info["other_scores"].items() if isinstance(v, (int, float))}
             out.write(json.dumps({"step": info["step"], "words": info["words"],
                                   "time": time.perf_counter(), "score": info["score"],
-                                  "scores": scores, "peak_gpu_mb": peak_gpu_mb()}) + "\\n")
+                                  "scores": scores, "peak_gpu_mb": peak_gpu_mb(),
+                                  "rss_mb": rss_mb()}) + "\\n")
             out.flush()
 
         return log_step, out.close
@@ -238,6 +251,8 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
     if kind == "lean_window100" or tag.startswith("-w100"):
         command += ["--corpora.train.shuffle_buffer", "100", "--training.batcher.window", "100"]
     command += SPEED_OVERRIDES.get(kind, [])
+    if "-long" in tag:  # --long-arms: four evaluations, resident memory logged at each
+        command += ["--training.eval_frequency", str(max(1, args.steps // 4))]
     result_file = tmp / f"{name}.result.json"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     subprocess.run([sys.executable, "-c", RUNNER, str(result_file), *command], env=env, check=True)
@@ -267,6 +282,9 @@ def run_one(kind, tmp: Path, data, train_key, dev_key, seed, args, nproc=1, tag=
         "words_per_wall_s": round(last["words"] / result["wall_s"], 1),
         "ents_f": last["scores"].get("ents_f"),
         "steps": last["step"],
+        "rss_mb_by_step": [
+            [x["step"], round(x["rss_mb"], 1)] for x in logs if x.get("rss_mb") is not None
+        ],
         "loadavg_after": os.getloadavg(),
     }
 
@@ -304,6 +322,18 @@ def _per_wall_s(run):
     lists the corpus before the first step, so `words_per_s` (between the first and the
     last logged evaluation) leaves that out; this does not."""
     return run.get("words_per_wall_s") or run["words"] / run["wall_s"]
+
+
+def _dev_pair(run, kind, dev) -> bool:
+    """Whether `run` is one of the seed-0 runs of `kind` on the 1x corpus with `dev`, in
+    the default run or in the --dev-repeats."""
+    return run.get("group") in (None, "dev_repeat") and (
+        run["system"],
+        run["train"],
+        run["dev"],
+        run["seed"],
+        run["nproc"],
+    ) == (kind, "train1", dev, 0, 1)
 
 
 def summarize(runs):
@@ -348,6 +378,17 @@ def summarize(runs):
         by_dev = summary[kind]["peak_rss_mb_by_dev_size"]
         if "dev1" in by_dev and "dev8" in by_dev:
             summary[kind]["rss_growth_dev_1x_to_8x"] = round(by_dev["dev8"] / by_dev["dev1"] - 1, 4)
+        # With --dev-repeats: the mean peak per dev size over the seed-0 pairs.
+        pairs = {
+            dev: [r["peak_rss_mb"] for r in runs if _dev_pair(r, kind, dev)]
+            for dev in ("dev1", "dev8")
+        }
+        if len(pairs["dev1"]) > 1 and len(pairs["dev8"]) > 1:
+            means = {dev: statistics.mean(peaks) for dev, peaks in pairs.items()}
+            summary[kind]["dev_pairs_peak_rss_mb"] = pairs
+            summary[kind]["dev_pairs_rss_growth_dev_1x_to_8x"] = round(
+                means["dev8"] / means["dev1"] - 1, 4
+            )
     for kind in TRIM_ARMS:
         rows = [r for r in pick(system=kind) if "-w100" not in r["name"]]
         if rows:
@@ -428,6 +469,21 @@ def summarize(runs):
                 row["words_per_wall_s_mean"] / speed["stock"]["words_per_wall_s_mean"], 3
             )
         summary["speed_arms"] = speed
+    long_arms = {}
+    for kind in ("lean", "lean_no_trim"):
+        rows = pick(group="long", system=kind)
+        if rows:
+            long_arms[kind] = {
+                "runs": len(rows),
+                "steps": rows[0]["steps"],
+                "peak_rss_mb": [r["peak_rss_mb"] for r in rows],
+                "peak_rss_mb_mean": statistics.mean(r["peak_rss_mb"] for r in rows),
+                "words_per_s": [r["words_per_s"] for r in rows],
+                "words_per_s_mean": statistics.mean(r["words_per_s"] for r in rows),
+                "rss_mb_by_step": [r.get("rss_mb_by_step") for r in rows],
+            }
+    if long_arms:
+        summary["long_arms"] = long_arms
     two = pick(system="lean", nproc=2)
     one = pick(system="lean", train="train1", dev="dev1", seed=0, nproc=1)
     if two and one:
@@ -487,6 +543,24 @@ def main():
         "the reader's shuffle buffer and the batcher's window, the lean peak stays flat",
     )
     parser.add_argument(
+        "--long-arms",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="run only lean and lean_no_trim (seed 0, twice each, ABBA) for this many steps "
+        "on the 16x corpus with both bounds at 100, keeping the other runs in --output: "
+        "what the heap trimming bounds over a longer run",
+    )
+    parser.add_argument(
+        "--dev-repeats",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="run only stock and lean (seed 0) on the 1x corpus with the 1x and 8x dev sets, "
+        "this many more times each, keeping the other runs in --output: single peaks vary "
+        "by a few percent, and the dev-size growth is summarized over all the pairs",
+    )
+    parser.add_argument(
         "--speed-arms",
         type=int,
         default=0,
@@ -506,6 +580,11 @@ def main():
         factors, dev_factors = (1, 16), (1,)
     if args.add_factor:
         factors, dev_factors = (1, args.add_factor), (1,)
+    if args.dev_repeats:
+        factors, dev_factors = (1,), (1, 8)
+    if args.long_arms:
+        factors, dev_factors = (1, 16), (1,)  # the 1x: the tokenizer's text
+        args.steps = args.long_arms
     if args.quick:
         args.n_train, args.n_dev, args.steps, args.seeds = 6, 4, 4, 1
     from spacy_lean import synthetic
@@ -572,11 +651,29 @@ def main():
             big = f"train{args.add_factor}"
             jobs = [(kind, big, "dev1", 0, 1) for kind in ("stock", "lean", "lean_window100")]
             runs, words = merge_into(args, words, lambda r: r["train"] == big)
+        if args.dev_repeats:
+            jobs = [
+                (kind, "train1", dev, 0, 1, f"-rep{rep}")
+                for rep in range(args.dev_repeats)
+                for kind in ("lean", "stock")
+                for dev in ("dev1", "dev8")
+            ]
+            runs, words = merge_into(args, words, lambda r: r.get("group") == "dev_repeat")
+        if args.long_arms:
+            jobs = [
+                (kind, "train16", "dev1", 0, 1, f"-w100-long{i}")
+                for i, kind in enumerate(("lean", "lean_no_trim", "lean_no_trim", "lean"))
+            ]
+            runs, words = merge_into(args, words, lambda r: r.get("group") == "long")
         for kind, train_key, dev_key, seed, nproc, *tag in jobs:
             tag = "".join(tag)
             run = run_one(kind, tmp, data, train_key, dev_key, seed, args, nproc=nproc, tag=tag)
             if tag == "-speed":
                 run["group"] = "speed"
+            if tag.startswith("-rep"):
+                run["group"] = "dev_repeat"
+            if "-long" in tag:
+                run["group"] = "long"
             runs.append(run)
             print(json.dumps(run), flush=True)
             save(args, words, runs)
