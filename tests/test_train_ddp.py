@@ -74,6 +74,9 @@ def record_writer():
         if out:
             with open(out, "a", encoding="utf8") as file_:
                 file_.write(os.environ.get("RANK", "none") + "\\n")
+        # SIGTERM while the first evaluation's models are saved (after the step's update).
+        if os.environ.pop("DDP_TEST_TERM_AT_SAVE", None):
+            os.kill(os.getpid(), signal.SIGTERM)
         return nlp
     return before_to_disk
 
@@ -502,6 +505,23 @@ def test_ctrl_c_stops_one_process_after_its_step_and_resume_goes_on(setup, one_r
     assert "Traceback" not in log and "Aborted" not in log
     assert srsly.read_json(out / "training-state" / "state.json")["step"] == 1
 
+    proc = run_train(setup, out, "--resume", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+
+
+def test_a_stop_during_an_evaluation_ends_one_process_after_that_step(setup, one_rank, tmp_path):
+    """SIGTERM while step 0's evaluation saves its models (after the step's gradient
+    all-reduce, which carries the ranks' stop flags): one process stops after step 0, not
+    after step 1 as ranks that must agree do, and --resume goes on to the uninterrupted
+    run's weights."""
+    out = tmp_path / "run"
+    args = ("--training.batcher.size", "8")
+    proc = run_train(setup, out, *args, env={"DDP_TEST_TERM_AT_SAVE": "1"})
+    log = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == STOPPED_EXIT_CODE, log
+    assert "Stopped by SIGTERM after step 0." in log
+    assert srsly.read_json(out / "training-state" / "state.json")["step"] == 0
     proc = run_train(setup, out, "--resume", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6

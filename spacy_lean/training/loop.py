@@ -1672,7 +1672,9 @@ def train(
                     break
                 if max_steps and step >= max_steps:
                     break
-                if summed[-1] > 0:
+                # Some rank had a stop request by the step's all-reduce; one process also
+                # stops for one that came after it (in the step's evaluation, say).
+                if summed[-1] > 0 or (not ctx.active and stop.requested):
                     stopped = True
                     break
                 step += 1
