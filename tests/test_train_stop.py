@@ -36,8 +36,9 @@ LAUNCHER = (
     + """
 from spacy_lean.training.launch import launch_local
 
+poll_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 code = launch_local(
-    [sys.executable, "-c", sys.argv[1]], 2, poll_s=0.05, grace_s=float(sys.argv[2]),
+    [sys.executable, "-c", sys.argv[1]], 2, poll_s=poll_s, grace_s=float(sys.argv[2]),
     log=print, warn=print,
 )
 print("launcher exit", code, flush=True)
@@ -45,19 +46,20 @@ sys.exit(code)
 """
 )
 
-# A rank: waits for a stop signal, "saves" (rank 1 takes STOP_TEST_SAVE_S seconds to),
-# writes saved<rank> and exits as a stopped training rank does.
+# A rank: waits for a stop signal (those of training: SIGTERM and Ctrl-C), "saves" (rank 1
+# takes STOP_TEST_SAVE_S seconds to), writes saved<rank> and exits as a stopped training
+# rank does.
 CHILD = (
     LIGHT_IMPORT
     + """
 import os, time
 from pathlib import Path
 from spacy_lean.training.launch import stop_with_launcher
-from spacy_lean.training.stopping import STOPPED_EXIT_CODE, StopRequest
+from spacy_lean.training.stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest
 
 out, rank = Path(os.environ["STOP_TEST_DIR"]), os.environ["RANK"]
 stop_with_launcher()
-with StopRequest() as stop:
+with StopRequest(TRAINING_STOP_SIGNALS) as stop:
     (out / f"ready{rank}").write_text(str(os.getpid()))
     while not stop.requested:
         time.sleep(0.01)
@@ -89,12 +91,12 @@ def wait_for(paths, timeout=30.0):
         time.sleep(0.02)
 
 
-def start_launcher(tmp_path, grace_s=10.0, save_s=0.0):
+def start_launcher(tmp_path, grace_s=10.0, save_s=0.0, poll_s=0.05):
     """The launcher in a session of its own, as a terminal starts a command: a signal
     to its process group is what Ctrl-C sends."""
     env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S=str(save_s))
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, CHILD, str(grace_s)],
+        [sys.executable, "-c", LAUNCHER, CHILD, str(grace_s), str(poll_s)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -121,13 +123,12 @@ def test_the_launcher_passes_sigterm_on_and_waits_for_its_ranks(tmp_path):
 
 
 def test_ctrl_c_stops_the_ranks_after_their_step_as_sigterm_does(tmp_path):
-    """Ctrl-C in the terminal (SIGINT to the launcher's process group): the ranks, each
-    in a session of its own, do not get it; the launcher passes it on as SIGTERM and
-    waits while they save, as for a scheduler's stop. Before, every rank got the SIGINT
-    and died of it wherever it was, and the launcher exited 130 with nothing saved."""
+    """Ctrl-C in the terminal (SIGINT to the launcher's process group, which the ranks
+    share): the ranks, started with Ctrl-C ignored, keep ignoring it although they stop on
+    it when they run alone; the launcher passes it on as SIGTERM and waits while they
+    save, as for a scheduler's stop. Before, every rank got the SIGINT and died of it
+    wherever it was, and the launcher exited 130 with nothing saved."""
     proc = start_launcher(tmp_path, save_s=1.0)
-    for rank in (0, 1):
-        assert os.getsid(int((tmp_path / f"ready{rank}").read_text())) != os.getsid(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == STOPPED_EXIT_CODE, out
@@ -170,26 +171,86 @@ def wait_state(pid: int, states: str, timeout: float = 10.0) -> str:
     return proc_state(pid)
 
 
+# A shell's part in job control: the command in a process group of its own in the
+# shell's session (so that the group is not orphaned, and SIGTSTP is not discarded).
+SHELL = """
+import subprocess, sys
+job = subprocess.Popen(sys.argv[1:], process_group=0)
+print(job.pid, flush=True)
+sys.exit(job.wait())
+"""
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Popen(process_group=)")
 def test_ctrl_z_pauses_the_ranks_with_the_launcher_and_fg_continues_them(tmp_path):
-    """Ctrl-Z (SIGTSTP to the launcher's group) stops the ranks too, though they run in
-    sessions of their own; the shell's SIGCONT to the launcher continues them; a stop
-    then ends the run as usual."""
-    proc = start_launcher(tmp_path)
+    """Ctrl-Z (SIGTSTP to the job's process group, which the ranks share) stops the
+    launcher and the ranks, and the shell's SIGCONT continues them (ranks in sessions of
+    their own, tried for Ctrl-C, went on training, and stayed stopped for good if the
+    launcher died while paused); a stop then ends the run as usual."""
+    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S="0")
+    shell = subprocess.Popen(
+        [sys.executable, "-c", SHELL, sys.executable, "-c", LAUNCHER, CHILD, "10"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    launcher = int(shell.stdout.readline())
+    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
     ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
-    os.killpg(proc.pid, signal.SIGTSTP)
-    assert wait_state(proc.pid, "T") == "T"
+    os.killpg(launcher, signal.SIGTSTP)
+    assert wait_state(launcher, "T") == "T"
     assert [wait_state(pid, "T") for pid in ranks] == ["T", "T"]
-    os.killpg(proc.pid, signal.SIGCONT)  # fg
+    os.killpg(launcher, signal.SIGCONT)  # fg
     assert all(wait_state(pid, "RS") in "RS" for pid in ranks)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == STOPPED_EXIT_CODE, out
+    os.kill(launcher, signal.SIGTERM)
+    out, _ = shell.communicate(timeout=30)
+    assert shell.returncode == STOPPED_EXIT_CODE, out
 
 
-# A rank that is still starting (no StopRequest yet): SIGTERM ends it where it is.
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Popen(process_group=)")
+def test_ranks_paused_with_a_launcher_that_dies_do_not_stay_paused(tmp_path):
+    """Ctrl-Z, then the launcher is killed (SIGKILL): the ranks, in its process group,
+    are an orphaned group with stopped members, which the kernel continues with SIGHUP:
+    they end. In sessions of their own they stayed stopped for good, holding their
+    memory and the output folder's lock."""
+    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S="0")
+    shell = subprocess.Popen(
+        [sys.executable, "-c", SHELL, sys.executable, "-c", LAUNCHER, CHILD, "10"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    launcher = int(shell.stdout.readline())
+    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
+    ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+    os.killpg(launcher, signal.SIGTSTP)
+    assert [wait_state(pid, "T") for pid in ranks] == ["T", "T"]
+    os.kill(launcher, signal.SIGKILL)
+    shell.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        states = []
+        for pid in ranks:
+            try:
+                states.append(proc_state(pid))
+            except OSError:
+                states.append("gone")
+        if all(state in ("gone", "Z") for state in states):
+            break
+        time.sleep(0.05)
+    assert all(state in ("gone", "Z") for state in states), states
+
+
+# A rank that is still starting (no StopRequest yet): SIGTERM ends it where it is. (The
+# name stop_with_launcher, in this comment, lets `no_rank_left` kill one left running.)
 STARTING_CHILD = """
-import os, time
+import os, time  # not yet stop_with_launcher
 from pathlib import Path
 (Path(os.environ["STOP_TEST_DIR"]) / f"ready{os.environ['RANK']}").write_text(str(os.getpid()))
 time.sleep(60)
@@ -213,6 +274,37 @@ def test_ctrl_c_before_any_rank_trains_says_that_nothing_was_saved(tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, out
     assert "Every rank has stopped before training: nothing was saved." in out
+
+
+def test_a_second_ctrl_c_after_every_rank_saved_keeps_the_stop_s_exit_code(tmp_path):
+    """Ctrl-C, the ranks save and exit 143, then Ctrl-C again before the launcher's next
+    poll (3 s here): the run stopped as asked (143), and nothing is killed. It said
+    "Interrupted again" and exited 130."""
+    proc = start_launcher(tmp_path, poll_s=3.0)
+    ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_for([tmp_path / "saved0", tmp_path / "saved1"])
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.02)  # reaped by the launcher's threads
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == STOPPED_EXIT_CODE, out
+    assert "Every rank has stopped (exit code 143)." in out
+    assert "Interrupted again" not in out
+
+
+def test_an_inherited_ignored_ctrl_c_stays_ignored():
+    """A process started with Ctrl-C ignored (the launcher's ranks; a job that a shell
+    without job control starts with `&`) is not stopped by one in training either."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopRequest(TRAINING_STOP_SIGNALS):
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_once_a_stop_is_saved_ctrl_c_does_not_change_the_exit_code():

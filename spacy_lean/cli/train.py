@@ -320,6 +320,9 @@ def train_cli(
                 warn=msg.warn,
                 pass_fds=() if fd is None else (fd,),
             )
+        from ..training.stopping import ignore_ctrl_c
+
+        ignore_ctrl_c()  # the ranks have ended: a Ctrl-C now would only change the exit code
         if code:
             sys.exit(code)
         return

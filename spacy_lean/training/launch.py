@@ -43,10 +43,11 @@ def launch_local(
     watch them: when one exits with an error, the others are stopped (SIGTERM, then
     SIGKILL after `grace_s`) and the exit code of the first failure is returned.
 
-    A stop signal (SIGTERM, or a first Ctrl-C) sent to the launcher is passed on to
-    every rank as SIGTERM; each finishes its step, saves the state and exits
-    (`stopping.STOPPED_EXIT_CODE`); the launcher waits for them and returns that code.
-    A second Ctrl-C kills the ranks at once (130). Ranks that stop so by themselves
+    A stop signal (SIGTERM, or a first Ctrl-C: the ranks start with Ctrl-C ignored) sent
+    to the launcher is passed on to every rank as SIGTERM; each finishes its step, saves
+    the state and exits (`stopping.STOPPED_EXIT_CODE`); the launcher waits for them and
+    returns that code. A second Ctrl-C kills the ranks at once (130). Ranks that stop so
+    by themselves
     (a scheduler signals every process) are waited for, not taken for failures. The
     ranks stop the same way when the launcher dies (`stop_with_launcher`).
 
@@ -94,19 +95,34 @@ def launch_local(
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop, _ranks_pause_with_us(procs):
+    def ended() -> Optional[int]:
+        """The launcher's exit code once every rank started has ended (all of them, or
+        those started before a stop request), else None."""
+        with exited_lock:
+            done = len(exited)
+        if done < len(procs) or (len(procs) < nproc and stopping is None):
+            return None
+        codes = [p.returncode for p in procs]
+        if codes and all(c == 0 for c in codes):
+            return 0
+        if STOPPED_EXIT_CODE not in codes:  # every rank ended before its training loop
+            if warn is not None:
+                warn("Every rank has stopped before training: nothing was saved.")
+            return 128 + int(stopping or signal.SIGTERM)
+        if warn is not None:
+            warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
+        return STOPPED_EXIT_CODE
+
+    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop:
         try:
             for rank in range(nproc):
+                if stop.requested:  # no more ranks to start: the ones started stop
+                    break
                 child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                # Each rank in a session of its own, as torchrun starts its workers: a
-                # Ctrl-C in the terminal reaches the launcher only, which passes it on
-                # as SIGTERM (each rank finishes its step and saves), instead of
-                # reaching the ranks at once and ending each wherever it is.
-                procs.append(
-                    subprocess.Popen(
-                        list(argv), env=child_env, pass_fds=tuple(pass_fds), start_new_session=True
+                with _ctrl_c_held_off():
+                    procs.append(
+                        subprocess.Popen(list(argv), env=child_env, pass_fds=tuple(pass_fds))
                     )
-                )
                 threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
             while True:
                 if stop.requested and stopping is None:
@@ -133,18 +149,16 @@ def launch_local(
                 if failed:
                     failure = failed[0]
                     break
-                if len(codes) == nproc and all(c is not None for c in codes):
-                    if all(c == 0 for c in codes):
-                        return 0
-                    if STOPPED_EXIT_CODE not in codes:  # every rank ended before its loop
-                        if warn is not None:
-                            warn("Every rank has stopped before training: nothing was saved.")
-                        return 128 + int(stopping or signal.SIGTERM)
-                    if warn is not None:
-                        warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
-                    return STOPPED_EXIT_CODE
+                result = ended()
+                if result is not None:
+                    return result
                 time.sleep(poll_s)
         except KeyboardInterrupt:  # Ctrl-C a second time (the first set stop.requested)
+            if stop.requested:
+                stopping = stopping or stop.signum
+                result = ended()  # the ranks may all have saved and exited by now
+                if result is not None:
+                    return result
             failure = (-1, 130)
         # Stop the ranks still running: they would wait for the dead one until timeout.
         # A second Ctrl-C asked not to wait: they are killed (each folder is swapped in
@@ -185,29 +199,26 @@ def launch_local(
 
 
 @contextlib.contextmanager
-def _ranks_pause_with_us(procs: List[subprocess.Popen]) -> Iterator[None]:
-    """While active (in the main thread), Ctrl-Z pauses the ranks with the launcher, as
-    it did when they shared its process group: SIGTSTP stops each rank (SIGSTOP) and
-    then the launcher; when the shell continues the launcher (`fg`, `bg`), it continues
-    the ranks. (A pause longer than the collectives' `--timeout` fails the run.)"""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTSTP"):
+def _ctrl_c_held_off() -> Iterator[None]:
+    """While active, this process holds a Ctrl-C back (blocked: Linux keeps it pending,
+    delivered when this ends) and a process started now begins with Ctrl-C ignored.
+    The ranks share the launcher's process group, so Ctrl-Z pauses the whole job and a
+    closed terminal ends it as before, but the terminal's Ctrl-C is the launcher's: it
+    passes it on as SIGTERM, so each rank finishes its step and saves, instead of each
+    dying of it wherever it is (Python keeps an inherited "ignored"; so does
+    `StopRequest`)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "pthread_sigmask"
+    ):
         yield
         return
-
-    def pause(signum: int, frame) -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGSTOP)
-        os.kill(os.getpid(), signal.SIGSTOP)  # returns when the launcher is continued
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-
-    previous = signal.signal(signal.SIGTSTP, pause)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTSTP, previous)
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def launched_by_us() -> bool:

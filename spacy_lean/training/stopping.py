@@ -9,8 +9,8 @@ no collective is added), save the resumable state there, and exit with
 `STOPPED_EXIT_CODE`; `--resume` continues from the next step as if nothing happened.
 
 Ctrl-C (SIGINT) in a terminal stops training the same way: the step is finished and its
-state saved (with `--nproc` the ranks run in sessions of their own, so it reaches the
-launcher only, which passes it on as SIGTERM). A second Ctrl-C stops at once, as Python
+state saved (with `--nproc` the ranks start with Ctrl-C ignored, so it is the launcher's,
+which passes it on as SIGTERM). A second Ctrl-C stops at once, as Python
 does (KeyboardInterrupt), keeping the last state saved; once the stop is saved, Ctrl-C
 is ignored while the process exits. spaCy's loop stops at the first Ctrl-C, with the
 state of the last evaluation only.
@@ -129,6 +129,10 @@ class StopRequest:
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
+                # An inherited "ignore Ctrl-C" (a rank of the local launcher, a job a
+                # shell without job control started with `&`) stays: it is not ours.
+                if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                    continue
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
