@@ -1528,3 +1528,57 @@ def test_a_rank_other_than_0_names_itself_in_its_warnings():
     assert proc.returncode == 0, proc.stderr
     # Once (installed twice: said twice before), and handlers get the Warning itself.
     assert "UserWarning: Rank 1 of 8: left out 1 'reject' record(s)\n" in proc.stderr
+
+
+def test_a_resumed_run_s_jsonl_log_goes_on_in_the_same_file(tmp_path, tiny_ner_config):
+    """spaCy's ConsoleLogger refuses an output_file that exists, so the JSONL log of a
+    resumed run stopped at the interruption ("Saving logs is disabled"). Now it goes on:
+    after a run to step 10 and a resume to 20 the file has the lines of steps 0-20, as
+    an uninterrupted run's, the first three as they were; a set-aside file a killed
+    resume left is read first."""
+    synthetic.write_ner_corpus(tmp_path / "train.spacy", 12, seed=71, long_doc_rate=0.0)
+    synthetic.write_ner_corpus(tmp_path / "dev.spacy", 4, seed=72, long_doc_rate=0.0)
+    config = tiny_ner_config()
+    config["paths"].update(train=str(tmp_path / "train.spacy"), dev=str(tmp_path / "dev.spacy"))
+    config["training"].update(max_steps=20, eval_frequency=5)
+    log = tmp_path / "log.jsonl"
+    config["training"]["logger"] = {
+        "@loggers": "spacy.ChainLogger.v1",
+        "logger1": {"@loggers": "spacy.ConsoleLogger.v3", "output_file": str(log)},
+    }
+    config.to_disk(tmp_path / "config.cfg")
+    (tmp_path / "probe_code.py").write_text("", encoding="utf8")
+    proc = run_tiny(tmp_path, tmp_path / "out", "--training.max_steps", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    before = log.read_text(encoding="utf8").splitlines()
+    assert [json.loads(line)["step"] for line in before] == [0, 5, 10]
+    proc = run_tiny(tmp_path, tmp_path / "out", "--resume")
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Saving logs is disabled" not in out
+    assert f"The training log {log} goes on after step 10: its 3 earlier line(s)" in out
+    after = log.read_text(encoding="utf8").splitlines()
+    assert [json.loads(line)["step"] for line in after] == [0, 5, 10, 15, 20]
+    assert after[:3] == before
+    assert not (tmp_path / "log.jsonl.before-resume").exists()
+
+
+def test_held_console_logs_keep_the_saved_steps_and_a_killed_resume_s_lines(tmp_path):
+    """`hold_console_logs` keeps each line up to the saved step once, a set-aside file
+    first (a resume killed before it put its lines back), and `restore_console_logs`
+    puts them in front of what the new run wrote."""
+    from spacy_lean.training.loop import hold_console_logs, restore_console_logs
+
+    log = tmp_path / "log.jsonl"
+    aside = tmp_path / "log.jsonl.before-resume"
+    aside.write_text('{"step": 0}\n{"step": 5}\n', encoding="utf8")
+    log.write_text('{"step": 5}\n{"step": 10}\n{"step": 15}\nnot json\n', encoding="utf8")
+    logger = {"@loggers": "spacy.ConsoleLogger.v3", "output_file": str(log)}
+    held = hold_console_logs({"@loggers": "spacy.ChainLogger.v1", "logger1": logger}, 10)
+    assert held == [(log, 4)] and not log.exists()
+    log.write_text('{"step": 15}\n', encoding="utf8")  # what the resumed run logs
+    restore_console_logs(held)
+    steps = log.read_text(encoding="utf8").splitlines()
+    assert steps == ['{"step": 0}', '{"step": 5}', '{"step": 10}', "not json", '{"step": 15}']
+    assert not aside.exists()
+    assert hold_console_logs({"@loggers": "spacy.ConsoleLogger.v3"}, 3) == []

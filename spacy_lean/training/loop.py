@@ -642,6 +642,83 @@ def replace_dir(path: Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(old)
 
 
+# Where a resumed run keeps the lines of a ConsoleLogger's output_file from before it
+# until it has finished (`hold_console_logs`, `restore_console_logs`).
+HELD_LOG_SUFFIX = ".before-resume"
+
+
+def _console_log_files(logger_config: Any) -> List[Path]:
+    """The output_file of every spacy.ConsoleLogger in a [training.logger] block (also
+    inside a spacy.ChainLogger)."""
+    found: List[Path] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            name = str(node.get("@loggers", ""))
+            if name.startswith("spacy.ConsoleLogger") and node.get("output_file"):
+                found.append(Path(node["output_file"]))
+            for value in node.values():
+                walk(value)
+
+    walk(logger_config)
+    return found
+
+
+def _log_step(line: str) -> Optional[int]:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def hold_console_logs(logger_config: Any, step: int) -> List[Tuple[Path, int]]:
+    """Before a resumed run builds its loggers. spaCy's ConsoleLogger refuses an
+    output_file that exists ("Saving logs is disabled because ... already exists") and
+    logs to the console only, so the JSONL log of a resumed run stopped at the
+    interruption. Here each such file's lines up to `step` (the saved step; later lines
+    are of steps the run trains again) are set aside in FILE.before-resume and the file
+    is removed, so the logger writes it anew; `restore_console_logs` puts the lines back
+    in front of the new ones. A run killed in between leaves FILE.before-resume, which
+    the next resume reads first. RETURNS the files held, with their lines kept."""
+    held: List[Tuple[Path, int]] = []
+    for path in _console_log_files(logger_config):
+        aside = path.with_name(path.name + HELD_LOG_SUFFIX)
+        if not path.exists() and not aside.exists():
+            continue
+        lines: List[str] = []
+        for source in (aside, path):
+            if source.exists():
+                lines += source.read_text(encoding="utf8").splitlines()
+        kept, seen = [], set()
+        for line in lines:
+            line_step = _log_step(line)
+            if line_step is not None and (line_step > step or line_step in seen):
+                continue
+            seen.add(line_step)
+            kept.append(line)
+        tmp = aside.with_name(aside.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf8")
+        os.replace(tmp, aside)
+        if path.exists():
+            path.unlink()
+        held.append((path, len(kept)))
+    return held
+
+
+def restore_console_logs(held: Sequence[Tuple[Path, int]]) -> None:
+    """Put the lines `hold_console_logs` set aside back in front of each file."""
+    for path, _ in held:
+        aside = path.with_name(path.name + HELD_LOG_SUFFIX)
+        if not aside.exists():
+            continue
+        new = path.read_text(encoding="utf8") if path.exists() else ""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(aside.read_text(encoding="utf8") + new, encoding="utf8")
+        os.replace(tmp, path)
+        aside.unlink()
+
+
 def save_training_state(
     path: Path,
     nlp: Language,
@@ -1220,6 +1297,12 @@ def train(
     allocator = config["training"]["gpu_allocator"]
     if ctx.gpu_id >= 0 and allocator:  # as spaCy's loop (a resumed run skips init_nlp)
         set_gpu_allocator(allocator)
+    # A resumed run's JSONL log goes on in the same file (rank 0 writes it).
+    held_logs = (
+        hold_console_logs(config["training"].get("logger"), int(resume["step"]))
+        if resume is not None and ctx.is_main
+        else []
+    )
     T = registry.resolve(config["training"], schema=ConfigSchemaTraining)  # type: ignore[arg-type]
     train_corpus, dev_corpus = resolve_dot_names(config, [T["train_corpus"], T["dev_corpus"]])
     optimizer = T["optimizer"]
@@ -1491,6 +1574,15 @@ def train(
             )
         with nlp.select_pipes(disable=frozen):
             log_step, finalize_logger = T["logger"](nlp, stdout, stderr)
+        for path, kept in held_logs:
+            stdout.write(
+                msg.info(
+                    f"The training log {path} goes on after step "
+                    f"{int(resume['step']) if resume is not None else 0}: its {kept} earlier "
+                    "line(s) are put back in front of it when the run ends."
+                )
+                + "\n"
+            )
     else:
         log_step, finalize_logger = (lambda info: None), (lambda: None)
 
@@ -1690,6 +1782,7 @@ def train(
             raise
         finally:
             finalize_logger()
+            restore_console_logs(held_logs)
             if ctx.is_main and output_path is not None:
                 save_model(False)
         if finished and output_path is not None:
