@@ -1582,3 +1582,12 @@ def test_held_console_logs_keep_the_saved_steps_and_a_killed_resume_s_lines(tmp_
     assert steps == ['{"step": 0}', '{"step": 5}', '{"step": 10}', "not json", '{"step": 15}']
     assert not aside.exists()
     assert hold_console_logs({"@loggers": "spacy.ConsoleLogger.v3"}, 3) == []
+
+
+def test_verbose_debug_lines_come_from_rank_0_only(tiny_setup):
+    """`-V --nproc 2`: spaCy's debug lines came from both ranks, twice each and with no
+    rank named; only rank 0's print now (others keep warnings, named)."""
+    proc, _, _ = tiny_run(tiny_setup, "verbose", "--nproc", "2", "-V")
+    out = proc.stdout + proc.stderr
+    assert out.count("Set up nlp object from config") == 1, out
+    assert "Rank 1 of 2: Set up nlp object" not in out

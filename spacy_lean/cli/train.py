@@ -156,6 +156,22 @@ def _name_rank_in_warnings(rank: int, world_size: int) -> None:
     warnings.formatwarning = formatwarning
 
 
+def _name_rank_in_logs(rank: int, world_size: int) -> None:
+    """spaCy's logger (`-V`: its debug lines) on a rank other than 0 keeps its warnings
+    and errors only, each naming the rank: with `--nproc N` every line came N times,
+    where only rank 0 should print."""
+
+    class RankLines(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.levelno < logging.WARNING:
+                return False
+            record.msg = f"Rank {rank} of {world_size}: {record.msg}"
+            return True
+
+    if not any(type(f).__name__ == "RankLines" for f in util.logger.filters):  # once
+        util.logger.addFilter(RankLines())
+
+
 GPU_FIX = (
     "Leave out --gpu-id/--gpu-ids to train on the CPU, or install cupy for your CUDA version "
     "(pip install spacy-lean[cuda12x])."
@@ -453,6 +469,7 @@ def _train_rank(
     msg = Printer(no_print=not dctx.is_main)
     if not dctx.is_main:
         _name_rank_in_warnings(dctx.rank, dctx.world_size)
+        _name_rank_in_logs(dctx.rank, dctx.world_size)
     config_path = util.ensure_path(config_path)
     output_path = util.ensure_path(output_path)
     if output_path is None:
