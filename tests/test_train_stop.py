@@ -181,13 +181,8 @@ sys.exit(job.wait())
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="Popen(process_group=)")
-def test_ctrl_z_pauses_the_ranks_with_the_launcher_and_fg_continues_them(tmp_path):
-    """Ctrl-Z (SIGTSTP to the job's process group, which the ranks share) stops the
-    launcher and the ranks, and the shell's SIGCONT continues them (ranks in sessions of
-    their own, tried for Ctrl-C, went on training, and stayed stopped for good if the
-    launcher died while paused); a stop then ends the run as usual."""
+def start_job(tmp_path):
+    """The launcher as a shell's job. RETURNS (the shell, the launcher's pid, the ranks' pids)."""
     env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S="0")
     shell = subprocess.Popen(
         [sys.executable, "-c", SHELL, sys.executable, "-c", LAUNCHER, CHILD, "10"],
@@ -199,7 +194,17 @@ def test_ctrl_z_pauses_the_ranks_with_the_launcher_and_fg_continues_them(tmp_pat
     )
     launcher = int(shell.stdout.readline())
     wait_for([tmp_path / "ready0", tmp_path / "ready1"])
-    ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+    return shell, launcher, [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Popen(process_group=)")
+def test_ctrl_z_pauses_the_ranks_with_the_launcher_and_fg_continues_them(tmp_path):
+    """Ctrl-Z (SIGTSTP to the job's process group, which the ranks share) stops the
+    launcher and the ranks, and the shell's SIGCONT continues them (ranks in sessions of
+    their own, tried for Ctrl-C, went on training, and stayed stopped for good if the
+    launcher died while paused); a stop then ends the run as usual."""
+    shell, launcher, ranks = start_job(tmp_path)
     os.killpg(launcher, signal.SIGTSTP)
     assert wait_state(launcher, "T") == "T"
     assert [wait_state(pid, "T") for pid in ranks] == ["T", "T"]
@@ -217,18 +222,7 @@ def test_ranks_paused_with_a_launcher_that_dies_do_not_stay_paused(tmp_path):
     are an orphaned group with stopped members, which the kernel continues with SIGHUP:
     they end. In sessions of their own they stayed stopped for good, holding their
     memory and the output folder's lock."""
-    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S="0")
-    shell = subprocess.Popen(
-        [sys.executable, "-c", SHELL, sys.executable, "-c", LAUNCHER, CHILD, "10"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    launcher = int(shell.stdout.readline())
-    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
-    ranks = [int((tmp_path / f"ready{rank}").read_text()) for rank in (0, 1)]
+    shell, launcher, ranks = start_job(tmp_path)
     os.killpg(launcher, signal.SIGTSTP)
     assert [wait_state(pid, "T") for pid in ranks] == ["T", "T"]
     os.kill(launcher, signal.SIGKILL)
