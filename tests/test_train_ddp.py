@@ -872,6 +872,9 @@ def make_eval_probe(nlp, name):
 @registry.loggers("test_ddp.losses_log.v1")
 def losses_log():
     def setup_logger(nlp, stdout, stderr):
+        if os.environ.get("DDP_TEST_LOGGER_FAILS"):
+            raise RuntimeError("probe: the logger's setup failed")
+
         def log_step(info):
             if info is not None:
                 with open(os.environ["DDP_TEST_LOSSES_LOG"], "a", encoding="utf8") as file_:
@@ -1591,3 +1594,23 @@ def test_verbose_debug_lines_come_from_rank_0_only(tiny_setup):
     out = proc.stdout + proc.stderr
     assert out.count("Set up nlp object from config") == 1, out
     assert "Rank 1 of 2: Set up nlp object" not in out
+
+
+def test_the_rank_whose_logger_fails_is_blamed_not_the_peer_that_exits_first(tiny_setup):
+    """Rank 0's logger raises in its setup (only rank 0 sets one up); rank 1's collective
+    breaks after it and its process, with less to tear down, often ended first: the
+    launcher said rank 1 failed first (1 run in 3 in a probe). Each rank now reports when
+    it failed, and the launcher blames the first."""
+    out = tiny_setup / "logger-fails"
+    evals = tiny_setup / "logger-fails-eval"
+    evals.mkdir()
+    env = {
+        "DDP_TEST_EVAL_DIR": str(evals),
+        "DDP_TEST_LOSSES_LOG": str(tiny_setup / "logger-fails.jsonl"),
+        "DDP_TEST_LOGGER_FAILS": "1",
+    }
+    proc = run_tiny(tiny_setup, out, "--nproc", "2", env=env)
+    log = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, log
+    assert "Rank 0 of 2 stopped: RuntimeError: probe: the logger's setup failed" in log
+    assert "Rank 0 of 2 failed first; stopped the other ranks" in log

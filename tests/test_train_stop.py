@@ -385,6 +385,48 @@ def test_the_launcher_blames_the_rank_that_failed_first(tmp_path, how, code, say
     assert f"Rank 1 of 2 {says}" in proc.stdout
 
 
+# Rank 0 fails first and reports it, but takes 1 s to exit (its traceback, its
+# teardown); rank 1, its collective broken by then, fails and exits at once.
+SLOW_FAILING_CHILD = (
+    LIGHT_IMPORT
+    + """
+import os, time
+from spacy_lean.training.launch import FAILURE_DIR_ENV, report_failure
+rank = int(os.environ["RANK"])
+reported = os.path.join(os.environ[FAILURE_DIR_ENV], "rank0")
+if rank == 0:
+    time.sleep(0.2)
+    report_failure(0)
+    time.sleep(1.0)
+    sys.exit(1)
+while not os.path.exists(reported):
+    time.sleep(0.01)
+time.sleep(0.05)
+report_failure(1)
+sys.exit(2)
+"""
+)
+
+
+def test_the_launcher_blames_the_rank_that_reported_its_failure_first(tmp_path):
+    """Rank 0 fails (a logger's setup raised, say) and rank 1's collective breaks after
+    it, but rank 1's process ends first: the launcher blamed rank 1 ("See rank 1's
+    output above for the cause"); it now goes by the time each rank failed."""
+    launcher = LIGHT_IMPORT + (
+        "from spacy_lean.training.launch import launch_local\n"
+        "sys.exit(launch_local([sys.executable, '-c', sys.argv[1]], 2, "
+        "poll_s=0.05, grace_s=5.0, log=print))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", launcher, SLOW_FAILING_CHILD],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Rank 0 of 2 failed first; stopped the other ranks" in proc.stdout
+
+
 def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
     """SIGKILL leaves the launcher no chance to pass anything on: the ranks get SIGTERM
     anyway (parent-death signal) and stop as asked, instead of training on alone."""

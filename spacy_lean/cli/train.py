@@ -454,7 +454,7 @@ def _train_rank(
 
     from ..corpus.docbin import CorruptShardError
     from ..training.dist import TrainingStateError, context_from_env
-    from ..training.launch import launched_by_us, stop_with_launcher
+    from ..training.launch import launched_by_us, report_failure, stop_with_launcher
     from ..training.loop import DIR_STATE, LabelsGrewError, NothingToTrainError, check_steps_left
     from ..training.loop import read_training_state
     from ..training.loop import train as train_nlp
@@ -551,9 +551,11 @@ def _train_rank(
     except CorruptShardError as err:
         if not dctx.active:  # one process: the message, which names the file, is enough
             _fail(msg, str(err), dctx)
+        report_failure(dctx.rank)
         Printer().fail(f"Rank {dctx.rank} of {dctx.world_size} stopped: {err}", exits=1)
     except Exception as err:
         if dctx.active:
+            report_failure(dctx.rank)  # first: the launcher blames the first to fail
             traceback.print_exc()
             Printer().fail(
                 f"Rank {dctx.rank} of {dctx.world_size} stopped: {type(err).__name__}: {err}. "

@@ -4,10 +4,12 @@ and makes the ranks stop when it dies. Standard library only: it imports quickly
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -19,6 +21,8 @@ from .stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest, sig
 LAUNCHED_ENV = "SPACY_LEAN_LAUNCHED"
 LAUNCHER_PID_ENV = "SPACY_LEAN_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The folder where the ranks of the local launcher report their failures.
+FAILURE_DIR_ENV = "SPACY_LEAN_FAILURE_DIR"
 
 
 def free_port() -> int:
@@ -63,6 +67,38 @@ def launch_local(
         stopped on request, else the code of the rank that failed first (128 + S for
         a rank killed by signal S).
     """
+    failures = tempfile.mkdtemp(prefix="spacy-lean-failures-")
+    try:
+        return _launch_local(
+            argv,
+            nproc,
+            gpu_ids=gpu_ids,
+            grace_s=grace_s,
+            poll_s=poll_s,
+            env=env,
+            log=log,
+            warn=warn,
+            pass_fds=pass_fds,
+            failures=failures,
+        )
+    finally:
+        shutil.rmtree(failures, ignore_errors=True)
+
+
+def _launch_local(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    gpu_ids: Sequence[int] = (),
+    grace_s: float = 10.0,
+    poll_s: float = 0.2,
+    env: Optional[Dict[str, str]] = None,
+    log=None,
+    warn=None,
+    pass_fds: Sequence[int] = (),
+    failures: str,
+) -> int:
+    """`launch_local`, its ranks reporting failures into the folder `failures`."""
     base = dict(os.environ if env is None else env)
     base.update(
         # The ranks run on this machine, and the port is free here: an inherited
@@ -80,12 +116,18 @@ def launch_local(
     # rank that fails makes the others fail soon after (their collectives break),
     # often within one poll, and the first to exit is the one to blame.
     exited: List[int] = []
+    exit_times: Dict[int, float] = {}
     exited_lock = threading.Lock()
+    # A rank that fails writes when it did there (`report_failure`): its traceback and
+    # teardown can take longer than a peer's exit, the peer failing of the broken
+    # collective.
+    base[FAILURE_DIR_ENV] = failures
 
     def note_exit(rank: int, proc: subprocess.Popen) -> None:
         proc.wait()
         with exited_lock:
             exited.append(rank)
+            exit_times[rank] = time.time()
 
     failure: Optional[Tuple[int, int]] = None
     stopping: Optional[int] = None  # the signal the launcher received
@@ -179,10 +221,15 @@ def launch_local(
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+    reported = False
+    if failure[0] >= 0:
+        blamed, blamed_code, reported = _first_to_fail(procs, exit_times, failures, failure)
+        failure = (blamed, blamed_code)
     rank, code = failure
     if log is not None:
         if rank >= 0:
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            how = "failed" if reported else how
             log(
                 f"Rank {rank} of {nproc} {how} first; stopped the other ranks "
                 f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
@@ -219,6 +266,47 @@ def _ctrl_c_held_off() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def report_failure(rank: int) -> None:
+    """Called by a rank of the local launcher as it fails: notes the time for the
+    launcher, which blames the rank that failed first."""
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, f"rank{int(rank)}"), "w", encoding="utf8") as file_:
+            file_.write(repr(time.time()))
+    except (OSError, ValueError):
+        pass
+
+
+def _first_to_fail(
+    procs: Sequence[subprocess.Popen],
+    exit_times: Dict[int, float],
+    folder: str,
+    first_exit: Tuple[int, int],
+) -> Tuple[int, int, bool]:
+    """(rank, exit code, whether it reported) of the rank that failed first: by the time
+    each failed rank reported (`report_failure`), else the time it exited (a rank killed
+    by a signal reports nothing). `first_exit`, the first failed rank to exit, where none
+    is known."""
+    ok = (0, STOPPED_EXIT_CODE, -signal.SIGTERM)
+    when: List[Tuple[float, int]] = []
+    for rank, proc in enumerate(procs):
+        try:  # a rank that reported, however it ended (stopped by us while it exited)
+            with open(os.path.join(folder, f"rank{rank}"), encoding="utf8") as file_:
+                when.append((float(file_.read()), rank))
+        except (OSError, ValueError):
+            if proc.returncode not in ok and rank in exit_times:
+                when.append((exit_times[rank], rank))
+    if not when:
+        return first_exit + (False,)
+    rank = min(when)[1]
+    code = procs[rank].returncode
+    reported = os.path.exists(os.path.join(folder, f"rank{rank}"))
+    # A rank that failed but was stopped while it exited: the code of an error.
+    return rank, int(code) if code not in (None,) + ok else 1, reported
 
 
 def launched_by_us() -> bool:
