@@ -124,6 +124,19 @@ def dev_examples(blank_nlp):
 
 
 @pytest.fixture
+def ctrl_c_as_in_a_terminal():
+    """Ctrl-C handled as Python does by default, in this process and in the processes a
+    test starts: a test run started in the background by a shell without job control
+    (`cmd &` in a script, as CI may run) inherits Ctrl-C ignored, which training keeps
+    (spacy_lean.training.stopping.StopRequest), so its Ctrl-C tests would see nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def one_torch_thread():
     """One torch thread for the test: the models are tiny, and on a shared 2-core
     machine a second intra-op thread only adds contention (it made the char-LM tests

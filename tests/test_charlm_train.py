@@ -125,6 +125,7 @@ def test_sigterm_stops_after_the_step_saved_and_resume_is_bitwise_identical(
     assert resumed.losses == full.losses
 
 
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_stops_after_the_step_saved(text_file, tmp_path, monkeypatch, capfd):
     """Ctrl-C (SIGINT) during step 37 stops as SIGTERM does: after step 37, saved, with
     `stopped_by` set and Python's own Ctrl-C handler back afterwards (before, the

@@ -486,6 +486,7 @@ def test_sigterm_stops_one_process_after_its_step_and_resume_goes_on(setup, one_
     assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
 
 
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_stops_one_process_after_its_step_and_resume_goes_on(setup, one_rank, tmp_path):
     """Ctrl-C (SIGINT) at step 1 stops the run as SIGTERM does: it says at once what it
     will do, finishes step 1, saves its state and exits with 143, and --resume trains on

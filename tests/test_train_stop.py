@@ -17,7 +17,11 @@ from spacy_lean.training.launch import stop_with_launcher
 from spacy_lean.training.loop import replace_dir
 from spacy_lean.training.stopping import STOPPED_EXIT_CODE, TRAINING_STOP_SIGNALS, StopRequest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+pytestmark = [
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
+    # Ctrl-C handled by default here and in the processes started (not an inherited ignore).
+    pytest.mark.usefixtures("ctrl_c_as_in_a_terminal"),
+]
 
 # launch.py and stopping.py use the standard library only. The processes below import
 # them without the package's __init__ modules (spaCy, torch: ~6 s a process on 2 cores).
