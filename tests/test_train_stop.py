@@ -95,12 +95,12 @@ def wait_for(paths, timeout=30.0):
         time.sleep(0.02)
 
 
-def start_launcher(tmp_path, grace_s=10.0, save_s=0.0, poll_s=0.05):
-    """The launcher in a session of its own, as a terminal starts a command: a signal
-    to its process group is what Ctrl-C sends."""
+def start_launcher(tmp_path, grace_s=10.0, save_s=0.0, poll_s=0.05, child=None):
+    """The launcher (of CHILD ranks) in a session of its own, as a terminal starts a
+    command: a signal to its process group is what Ctrl-C sends."""
     env = dict(os.environ, STOP_TEST_DIR=str(tmp_path), STOP_TEST_SAVE_S=str(save_s))
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, CHILD, str(grace_s), str(poll_s)],
+        [sys.executable, "-c", LAUNCHER, child or CHILD, str(grace_s), str(poll_s)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -258,16 +258,7 @@ time.sleep(60)
 def test_ctrl_c_before_any_rank_trains_says_that_nothing_was_saved(tmp_path):
     """Every rank ends before its training loop: the launcher says nothing was saved
     and exits 130 for a Ctrl-C, not 143, which scripts read as a resumable stop."""
-    env = dict(os.environ, STOP_TEST_DIR=str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, STARTING_CHILD, "10"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    wait_for([tmp_path / "ready0", tmp_path / "ready1"])
+    proc = start_launcher(tmp_path, child=STARTING_CHILD)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, out

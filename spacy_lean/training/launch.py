@@ -4,7 +4,6 @@ and makes the ranks stop when it dies. Standard library only: it imports quickly
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -67,182 +66,152 @@ def launch_local(
         stopped on request, else the code of the rank that failed first (128 + S for
         a rank killed by signal S).
     """
-    failures = tempfile.mkdtemp(prefix="spacy-lean-failures-")
-    try:
-        return _launch_local(
-            argv,
-            nproc,
-            gpu_ids=gpu_ids,
-            grace_s=grace_s,
-            poll_s=poll_s,
-            env=env,
-            log=log,
-            warn=warn,
-            pass_fds=pass_fds,
-            failures=failures,
+    # A rank that fails notes when it did in this folder (`report_failure`).
+    with tempfile.TemporaryDirectory(prefix="spacy-lean-failures-") as failures:
+        base = dict(os.environ if env is None else env)
+        base.update(
+            # The ranks run on this machine, and the port is free here: an inherited
+            # MASTER_ADDR (exported for torchrun on another node) would point them elsewhere.
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            **{LAUNCHED_ENV: "1", LAUNCHER_PID_ENV: str(os.getpid())},
         )
-    finally:
-        shutil.rmtree(failures, ignore_errors=True)
+        if "OMP_NUM_THREADS" not in base:
+            base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        procs: List[subprocess.Popen] = []
+        # Ranks in the order they exited, each noted by a thread that waits for it: a
+        # rank that fails makes the others fail soon after (their collectives break),
+        # often within one poll, and the first to exit is the one to blame.
+        exited: List[int] = []
+        exit_times: Dict[int, float] = {}
+        exited_lock = threading.Lock()
+        # A rank that fails writes when it did there (`report_failure`): its traceback and
+        # teardown can take longer than a peer's exit, the peer failing of the broken
+        # collective.
+        base[FAILURE_DIR_ENV] = failures
 
+        def note_exit(rank: int, proc: subprocess.Popen) -> None:
+            proc.wait()
+            with exited_lock:
+                exited.append(rank)
+                exit_times[rank] = time.time()
 
-def _launch_local(
-    argv: Sequence[str],
-    nproc: int,
-    *,
-    gpu_ids: Sequence[int] = (),
-    grace_s: float = 10.0,
-    poll_s: float = 0.2,
-    env: Optional[Dict[str, str]] = None,
-    log=None,
-    warn=None,
-    pass_fds: Sequence[int] = (),
-    failures: str,
-) -> int:
-    """`launch_local`, its ranks reporting failures into the folder `failures`."""
-    base = dict(os.environ if env is None else env)
-    base.update(
-        # The ranks run on this machine, and the port is free here: an inherited
-        # MASTER_ADDR (exported for torchrun on another node) would point them elsewhere.
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        **{LAUNCHED_ENV: "1", LAUNCHER_PID_ENV: str(os.getpid())},
-    )
-    if "OMP_NUM_THREADS" not in base:
-        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    procs: List[subprocess.Popen] = []
-    # Ranks in the order they exited, each noted by a thread that waits for it: a
-    # rank that fails makes the others fail soon after (their collectives break),
-    # often within one poll, and the first to exit is the one to blame.
-    exited: List[int] = []
-    exit_times: Dict[int, float] = {}
-    exited_lock = threading.Lock()
-    # A rank that fails writes when it did there (`report_failure`): its traceback and
-    # teardown can take longer than a peer's exit, the peer failing of the broken
-    # collective.
-    base[FAILURE_DIR_ENV] = failures
+        failure: Optional[Tuple[int, int]] = None
+        stopping: Optional[int] = None  # the signal the launcher received
 
-    def note_exit(rank: int, proc: subprocess.Popen) -> None:
-        proc.wait()
-        with exited_lock:
-            exited.append(rank)
-            exit_times[rank] = time.time()
-
-    failure: Optional[Tuple[int, int]] = None
-    stopping: Optional[int] = None  # the signal the launcher received
-
-    def pass_on(signum: int) -> None:  # at once: a rank may be one step from its end
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    def ended() -> Optional[int]:
-        """The launcher's exit code once every rank started has ended (all of them, or
-        those started before a stop request), else None."""
-        with exited_lock:
-            done = len(exited)
-        if done < len(procs) or (len(procs) < nproc and stopping is None):
-            return None
-        codes = [p.returncode for p in procs]
-        if codes and all(c == 0 for c in codes):
-            return 0
-        if STOPPED_EXIT_CODE not in codes:  # every rank ended before its training loop
-            if warn is not None:
-                warn("Every rank has stopped before training: nothing was saved.")
-            return 128 + int(stopping or signal.SIGTERM)
-        if warn is not None:
-            warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
-        return STOPPED_EXIT_CODE
-
-    with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop:
-        try:
-            for rank in range(nproc):
-                if stop.requested:  # no more ranks to start: the ones started stop
-                    break
-                child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                with _ctrl_c_held_off():
-                    procs.append(
-                        subprocess.Popen(list(argv), env=child_env, pass_fds=tuple(pass_fds))
-                    )
-                threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
-            while True:
-                if stop.requested and stopping is None:
-                    stopping = stop.signum
-                    if warn is not None:
-                        again = (
-                            " Press Ctrl-C again to stop every rank at once."
-                            if stopping == signal.SIGINT
-                            else ""
-                        )
-                        warn(
-                            f"Received {signal_name(stopping)}: each rank finishes its "
-                            "step, saves the training state and exits (a rank still starting, "
-                            f"before its first step, exits at once: nothing is saved).{again}"
-                        )
-                    pass_on(stopping)  # again: for a rank started after the signal
-                with exited_lock:
-                    order = list(exited)
-                codes = [p.returncode if r in order else None for r, p in enumerate(procs)]
-                # A rank killed by the forwarded signal before its training loop began
-                # (nothing to save yet) stopped as asked too.
-                stopped = (STOPPED_EXIT_CODE,) + ((-signal.SIGTERM,) if stopping else ())
-                failed = [(r, codes[r]) for r in order if codes[r] not in (0,) + stopped]
-                if failed:
-                    failure = failed[0]
-                    break
-                result = ended()
-                if result is not None:
-                    return result
-                time.sleep(poll_s)
-        except KeyboardInterrupt:  # Ctrl-C a second time (the first set stop.requested)
-            if stop.requested:
-                stopping = stopping or stop.signum
-                result = ended()  # the ranks may all have saved and exited by now
-                if result is not None:
-                    return result
-            failure = (-1, 130)
-        # Stop the ranks still running: they would wait for the dead one until timeout.
-        # A second Ctrl-C asked not to wait: they are killed (each folder is swapped in
-        # whole, so none is left half-written), also when it comes during the wait.
-        alive = [p for p in procs if p.poll() is None]
-        for p in alive:
-            p.send_signal(signal.SIGTERM if failure[0] >= 0 else signal.SIGKILL)
-        deadline = time.monotonic() + grace_s
-        try:
-            for p in alive:
-                try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        except KeyboardInterrupt:
-            for p in alive:
+        def pass_on(signum: int) -> None:  # at once: a rank may be one step from its end
+            for p in procs:
                 if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    reported = False
-    if failure[0] >= 0:
-        blamed, blamed_code, reported = _first_to_fail(procs, exit_times, failures, failure)
-        failure = (blamed, blamed_code)
-    rank, code = failure
-    if log is not None:
-        if rank >= 0:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            how = "failed" if reported else how
-            log(
-                f"Rank {rank} of {nproc} {how} first; stopped the other ranks "
-                f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
-                "If it failed while training, the last checkpoint resumes with --resume."
-            )
-        else:
-            log(
-                "Interrupted again; stopped every rank at once. The last training state "
-                "saved, if any, continues with --resume."
-            )
-    # A rank killed by signal S exits the launcher with 128 + S, as a shell reports it
-    # (137: SIGKILL, e.g. the kernel's out-of-memory killer).
-    return code if code > 0 else 128 - code
+                    p.send_signal(signal.SIGTERM)
+
+        def ended() -> Optional[int]:
+            """The launcher's exit code once every rank started has ended (all of them, or
+            those started before a stop request), else None."""
+            with exited_lock:
+                done = len(exited)
+            if done < len(procs) or (len(procs) < nproc and stopping is None):
+                return None
+            codes = [p.returncode for p in procs]
+            if codes and all(c == 0 for c in codes):
+                return 0
+            if STOPPED_EXIT_CODE not in codes:  # every rank ended before its training loop
+                if warn is not None:
+                    warn("Every rank has stopped before training: nothing was saved.")
+                return 128 + int(stopping or signal.SIGTERM)
+            if warn is not None:
+                warn(f"Every rank has stopped (exit code {STOPPED_EXIT_CODE}).")
+            return STOPPED_EXIT_CODE
+
+        with StopRequest(TRAINING_STOP_SIGNALS, on_signal=pass_on) as stop:
+            try:
+                for rank in range(nproc):
+                    if stop.requested:  # no more ranks to start: the ones started stop
+                        break
+                    child_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+                    with _ctrl_c_held_off():
+                        procs.append(
+                            subprocess.Popen(list(argv), env=child_env, pass_fds=tuple(pass_fds))
+                        )
+                    threading.Thread(target=note_exit, args=(rank, procs[-1]), daemon=True).start()
+                while True:
+                    if stop.requested and stopping is None:
+                        stopping = stop.signum
+                        if warn is not None:
+                            again = (
+                                " Press Ctrl-C again to stop every rank at once."
+                                if stopping == signal.SIGINT
+                                else ""
+                            )
+                            warn(
+                                f"Received {signal_name(stopping)}: each rank finishes its "
+                                "step, saves the training state and exits (a rank still starting, "
+                                f"before its first step, exits at once: nothing is saved).{again}"
+                            )
+                        pass_on(stopping)  # again: for a rank started after the signal
+                    with exited_lock:
+                        order = list(exited)
+                    codes = [p.returncode if r in order else None for r, p in enumerate(procs)]
+                    # A rank killed by the forwarded signal before its training loop began
+                    # (nothing to save yet) stopped as asked too.
+                    stopped = (STOPPED_EXIT_CODE,) + ((-signal.SIGTERM,) if stopping else ())
+                    failed = [(r, codes[r]) for r in order if codes[r] not in (0,) + stopped]
+                    if failed:
+                        failure = failed[0]
+                        break
+                    result = ended()
+                    if result is not None:
+                        return result
+                    time.sleep(poll_s)
+            except KeyboardInterrupt:  # Ctrl-C a second time (the first set stop.requested)
+                if stop.requested:
+                    stopping = stopping or stop.signum
+                    result = ended()  # the ranks may all have saved and exited by now
+                    if result is not None:
+                        return result
+                failure = (-1, 130)
+            # Stop the ranks still running: they would wait for the dead one until timeout.
+            # A second Ctrl-C asked not to wait: they are killed (each folder is swapped in
+            # whole, so none is left half-written), also when it comes during the wait.
+            alive = [p for p in procs if p.poll() is None]
+            for p in alive:
+                p.send_signal(signal.SIGTERM if failure[0] >= 0 else signal.SIGKILL)
+            deadline = time.monotonic() + grace_s
+            try:
+                for p in alive:
+                    try:
+                        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+            except KeyboardInterrupt:
+                for p in alive:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+        reported = False
+        if failure[0] >= 0:
+            blamed, blamed_code, reported = _first_to_fail(procs, exit_times, failures, failure)
+            failure = (blamed, blamed_code)
+        rank, code = failure
+        if log is not None:
+            if rank >= 0:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                how = "failed" if reported else how
+                log(
+                    f"Rank {rank} of {nproc} {how} first; stopped the other ranks "
+                    f"({len(alive)} still running). See rank {rank}'s output above for the cause. "
+                    "If it failed while training, the last checkpoint resumes with --resume."
+                )
+            else:
+                log(
+                    "Interrupted again; stopped every rank at once. The last training state "
+                    "saved, if any, continues with --resume."
+                )
+        # A rank killed by signal S exits the launcher with 128 + S, as a shell reports it
+        # (137: SIGKILL, e.g. the kernel's out-of-memory killer).
+        return code if code > 0 else 128 - code
 
 
 @contextlib.contextmanager
