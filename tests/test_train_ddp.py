@@ -462,6 +462,13 @@ def test_resume_on_the_same_and_another_number_of_processes(
     assert max_diff(params_of(other_n / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-5
 
 
+def resumes_to_the_uninterrupted_run(setup, out, args, one_rank):
+    """`--resume` of the stopped run in `out` trains on to the uninterrupted run's weights."""
+    proc = run_train(setup, out, "--resume", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+
+
 def test_sigterm_stops_one_process_after_its_step_and_resume_goes_on(setup, one_rank, tmp_path):
     """SIGTERM at step 1 (a scheduler's stop): the run finishes step 1, saves the state
     of step 1 (no evaluation there) and exits with 143; --resume then trains steps 2-3
@@ -506,9 +513,7 @@ def test_ctrl_c_stops_one_process_after_its_step_and_resume_goes_on(setup, one_r
     assert "Traceback" not in log and "Aborted" not in log
     assert srsly.read_json(out / "training-state" / "state.json")["step"] == 1
 
-    proc = run_train(setup, out, "--resume", *args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+    resumes_to_the_uninterrupted_run(setup, out, args, one_rank)
 
 
 def test_a_stop_during_an_evaluation_ends_one_process_after_that_step(setup, one_rank, tmp_path):
@@ -523,9 +528,7 @@ def test_a_stop_during_an_evaluation_ends_one_process_after_that_step(setup, one
     assert proc.returncode == STOPPED_EXIT_CODE, log
     assert "Stopped by SIGTERM after step 0." in log
     assert srsly.read_json(out / "training-state" / "state.json")["step"] == 0
-    proc = run_train(setup, out, "--resume", *args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert max_diff(params_of(out / "model-last"), params_of(one_rank[0] / "model-last")) < 1e-6
+    resumes_to_the_uninterrupted_run(setup, out, args, one_rank)
 
 
 def test_sigterm_to_the_launcher_stops_every_rank_with_a_checkpoint(setup, two_ranks, tmp_path):
